@@ -1,0 +1,14 @@
+//! megamoe-core: everything of the megamoe MoE layer that is pure Rust.
+//!
+//! Shapes and presets, the FP8/BF16 number formats, quantizers, routing generation and
+//! validation, the CPU reference of the fused layer (SPEC §3) and of dispatch/combine with
+//! permute (SPEC §5), and the schedule and memory planner. No CUDA here: the GPU crates replay
+//! what this crate defines and are checked against it.
+
+pub mod batch;
+pub mod error;
+pub mod preset;
+
+pub use batch::{RankInputs, WorldInputs};
+pub use error::{Error, Result};
+pub use preset::{Preset, Shape, PRESETS};

@@ -7,7 +7,9 @@
 
 pub mod batch;
 pub mod error;
+pub mod permute;
 pub mod preset;
+pub mod routing;
 
 pub use batch::{RankInputs, WorldInputs};
 pub use error::{Error, Result};

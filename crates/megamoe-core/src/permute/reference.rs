@@ -85,7 +85,7 @@ pub fn dispatch_rows<M: PermuteRows>(x: &[M], handle: &PermuteHandle) -> Result<
 }
 
 /// y_t = bf16(Σ f32 of every copy of token t, in ascending global expert id), one rounding,
-/// unweighted; a token without a valid slot gives 0. `rows[r]` is rank r's dispatch-layout
+/// unweighted; the sum starts from +0.0, so a token without a valid slot gives +0. `rows[r]` is rank r's dispatch-layout
 /// `[output_rows, H]` (padding rows are not read). Returns y per source rank, `[T_r, H]`.
 pub fn combine_with_unpermute(rows: &[Bf16Rows], handle: &PermuteHandle) -> Result<Vec<Bf16Rows>> {
     combine_named("rows", rows, handle)

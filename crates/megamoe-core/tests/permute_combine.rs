@@ -34,10 +34,13 @@ fn dispatch(world: &WorldInputs, x: &[Bf16Rows], pad: usize) -> (Vec<Bf16Rows>, 
     (out.into_iter().map(|o| o.rows).collect(), handle)
 }
 
-/// A stand-in expert: output row = bf16(x_row · (1 + e/8) + e), distinct per expert.
+/// A stand-in expert whose outputs make the f32 sum order visible: experts scale the row by
+/// +2^30, −2^30 or 1 (e mod 3), all exact in bf16, so large copies cancel and a small copy
+/// survives or is absorbed depending on where it sits in the order.
 fn expert_output(row: &[bf16], expert: usize) -> Vec<bf16> {
+    let factor = [2f32.powi(30), -(2f32.powi(30)), 1.0][expert % 3];
     row.iter()
-        .map(|v| bf16::from_f32(v.to_f32() * (1.0 + expert as f32 / 8.0) + expert as f32))
+        .map(|v| bf16::from_f32(v.to_f32() * factor))
         .collect()
 }
 
@@ -66,10 +69,17 @@ fn identity_experts_return_each_token_times_its_valid_slots_bitwise() {
                         // + 0.0: the sum starts from +0, so no copy gives +0, never −0.
                         .map(|v| bf16::from_f32(v.to_f32() * copies + 0.0))
                         .collect();
-                    assert_eq!(bits(y[r].row(t)), bits(&expected), "R={ranks} rank {r} token {t}");
+                    assert_eq!(
+                        bits(y[r].row(t)),
+                        bits(&expected),
+                        "R={ranks} rank {r} token {t}"
+                    );
                 }
             }
-            assert!(saw_fully_masked, "the data should hold a token without valid slot");
+            assert!(
+                saw_fully_masked,
+                "the data should hold a token without valid slot"
+            );
         }
     }
 }
@@ -97,8 +107,8 @@ fn combine_sums_in_f32_in_ascending_expert_order_with_one_rounding() {
         .map(|(rows, plan)| {
             let mut out = rows.clone();
             for (i, chunk) in out.values.chunks_mut(rows.hidden).enumerate() {
-                let expert = plan.first_expert
-                    + (0..4).rfind(|&j| plan.expert_offsets[j] <= i).unwrap();
+                let expert =
+                    plan.first_expert + (0..4).rfind(|&j| plan.expert_offsets[j] <= i).unwrap();
                 match plan.sources[i] {
                     Some(_) => chunk.copy_from_slice(&expert_output(rows.row(i), expert)),
                     None => chunk.fill(bf16::from_f32(1000.0)),
@@ -192,7 +202,11 @@ fn dispatch_backward_combines_row_grads_and_scatters_prob_grads() {
         assert_eq!(grads.probs[r].len(), inputs.tokens * 4);
         for (i, (&e, &w)) in inputs.topk_idx.iter().zip(&inputs.topk_weights).enumerate() {
             let expected = if e >= 0 { 2.0 * w + 1.0 } else { 0.0 };
-            assert_eq!(grads.probs[r][i].to_bits(), expected.to_bits(), "rank {r} slot {i}");
+            assert_eq!(
+                grads.probs[r][i].to_bits(),
+                expected.to_bits(),
+                "rank {r} slot {i}"
+            );
         }
     }
 }
@@ -203,37 +217,96 @@ fn combine_and_backward_reject_inputs_that_do_not_fit_the_handle() {
     let (rows, handle) = dispatch(&world, &x_rows(&world), 16);
 
     let err = combine_with_unpermute(&rows[..1], &handle).unwrap_err();
-    assert!(matches!(err, Error::Length { arg: "rows", got: 1, expected: 2 }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::Length {
+                arg: "rows",
+                got: 1,
+                expected: 2
+            }
+        ),
+        "{err}"
+    );
 
     let mut short = rows.clone();
     short[1] = Bf16Rows::zeros(rows[1].rows + 1, rows[1].hidden);
     let (rank, err) = on_rank(combine_with_unpermute(&short, &handle).unwrap_err());
-    assert!(rank == 1 && matches!(err, Error::Length { arg: "rows", .. }), "{err}");
+    assert!(
+        rank == 1 && matches!(err, Error::Length { arg: "rows", .. }),
+        "{err}"
+    );
 
     let mut torn = rows.clone();
     torn[0].values.pop();
     let (rank, err) = on_rank(combine_with_unpermute(&torn, &handle).unwrap_err());
-    assert!(rank == 0 && matches!(err, Error::Length { arg: "rows", .. }), "{err}");
+    assert!(
+        rank == 0 && matches!(err, Error::Length { arg: "rows", .. }),
+        "{err}"
+    );
 
     let mut mixed = rows.clone();
     mixed[1] = Bf16Rows::zeros(rows[1].rows, 128);
     let (rank, err) = on_rank(combine_with_unpermute(&mixed, &handle).unwrap_err());
-    assert!(rank == 1 && matches!(err, Error::Shape { arg: "rows", .. }), "{err}");
+    assert!(
+        rank == 1 && matches!(err, Error::Shape { arg: "rows", .. }),
+        "{err}"
+    );
 
     let prob_grads: Vec<Vec<f32>> = rows.iter().map(|r| vec![0.0; r.rows]).collect();
     let err = dispatch_backward(&rows, &prob_grads[..1], &handle).unwrap_err();
-    assert!(matches!(err, Error::Length { arg: "prob_grads", .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::Length {
+                arg: "prob_grads",
+                ..
+            }
+        ),
+        "{err}"
+    );
     let mut long = prob_grads.clone();
     long[0].push(0.0);
     let (rank, err) = on_rank(dispatch_backward(&rows, &long, &handle).unwrap_err());
-    assert!(rank == 0 && matches!(err, Error::Length { arg: "prob_grads", .. }), "{err}");
+    assert!(
+        rank == 0
+            && matches!(
+                err,
+                Error::Length {
+                    arg: "prob_grads",
+                    ..
+                }
+            ),
+        "{err}"
+    );
     let (rank, err) = on_rank(dispatch_backward(&torn, &prob_grads, &handle).unwrap_err());
-    assert!(rank == 0 && matches!(err, Error::Length { arg: "row_grads", .. }), "{err}");
+    assert!(
+        rank == 0
+            && matches!(
+                err,
+                Error::Length {
+                    arg: "row_grads",
+                    ..
+                }
+            ),
+        "{err}"
+    );
 
     let mut y_grad = x_rows(&world);
     y_grad[1] = Bf16Rows::zeros(5, tiny().hidden);
     let (rank, err) = on_rank(combine_backward(&y_grad, &handle).unwrap_err());
-    assert!(rank == 1 && matches!(err, Error::Length { arg: "y_grad", got: 5, expected: 6 }), "{err}");
+    assert!(
+        rank == 1
+            && matches!(
+                err,
+                Error::Length {
+                    arg: "y_grad",
+                    got: 5,
+                    expected: 6
+                }
+            ),
+        "{err}"
+    );
 }
 
 #[test]

@@ -52,7 +52,14 @@ fn hand_routed_world_has_the_documented_plan() {
     let d = |expert, rank, row| Some(RowDestination { expert, rank, row });
     assert_eq!(
         handle.destinations[0],
-        vec![d(3, 1, 2), d(0, 0, 0), None, d(2, 1, 0), d(0, 0, 1), d(3, 1, 3)]
+        vec![
+            d(3, 1, 2),
+            d(0, 0, 0),
+            None,
+            d(2, 1, 0),
+            d(0, 0, 1),
+            d(3, 1, 3)
+        ]
     );
     assert_eq!(
         handle.destinations[1],
@@ -179,8 +186,12 @@ fn non_blocking_mode_fills_the_bound_and_reports_overflow_naming_the_rank() {
         assert_eq!(b.tokens_per_expert, e.tokens_per_expert);
     }
 
-    let busiest = (0..4).max_by_key(|&r| (sizes[r], std::cmp::Reverse(r))).unwrap();
-    let mode = SyncMode::NonBlocking { max_rows: bound - 1 };
+    let busiest = (0..4)
+        .max_by_key(|&r| (sizes[r], std::cmp::Reverse(r)))
+        .unwrap();
+    let mode = SyncMode::NonBlocking {
+        max_rows: bound - 1,
+    };
     let err = dispatch_with_permute(tiny(), &x, &idx, &probs, 16, mode).unwrap_err();
     assert_eq!(
         err,
@@ -272,39 +283,96 @@ fn invalid_dispatch_inputs_are_rejected_naming_the_argument() {
     };
 
     let err = run(&x, &idx, &probs, 0);
-    assert!(matches!(err, Error::Value { arg: "pad_multiple", .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::Value {
+                arg: "pad_multiple",
+                ..
+            }
+        ),
+        "{err}"
+    );
 
     let err = run(&x, &idx[..1], &probs, 1);
-    assert!(matches!(err, Error::Length { arg: "topk_idx", got: 1, expected: 2 }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::Length {
+                arg: "topk_idx",
+                got: 1,
+                expected: 2
+            }
+        ),
+        "{err}"
+    );
     let err = run(&x, &idx, &probs[..1], 1);
-    assert!(matches!(err, Error::Length { arg: "probs", got: 1, expected: 2 }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::Length {
+                arg: "probs",
+                got: 1,
+                expected: 2
+            }
+        ),
+        "{err}"
+    );
 
     let mut narrow_x = x.clone();
     narrow_x[1] = Bf16Rows::zeros(5, 128);
     let (rank, err) = on_rank(run(&narrow_x, &idx, &probs, 1));
-    assert!(rank == 1 && matches!(err, Error::Shape { arg: "x", .. }), "{err}");
+    assert!(
+        rank == 1 && matches!(err, Error::Shape { arg: "x", .. }),
+        "{err}"
+    );
 
     let mut short_x = x.clone();
     short_x[0].values.pop();
     let (rank, err) = on_rank(run(&short_x, &idx, &probs, 1));
-    assert!(rank == 0 && matches!(err, Error::Length { arg: "x", .. }), "{err}");
+    assert!(
+        rank == 0 && matches!(err, Error::Length { arg: "x", .. }),
+        "{err}"
+    );
 
     let mut long_idx = idx.clone();
     long_idx[1].push(-1);
     let (rank, err) = on_rank(run(&x, &long_idx, &probs, 1));
-    assert!(rank == 1 && matches!(err, Error::Length { arg: "topk_idx", .. }), "{err}");
+    assert!(
+        rank == 1
+            && matches!(
+                err,
+                Error::Length {
+                    arg: "topk_idx",
+                    ..
+                }
+            ),
+        "{err}"
+    );
 
     let mut short_probs = probs.clone();
     short_probs[0].pop();
     let (rank, err) = on_rank(run(&x, &idx, &short_probs, 1));
-    assert!(rank == 0 && matches!(err, Error::Length { arg: "probs", .. }), "{err}");
+    assert!(
+        rank == 0 && matches!(err, Error::Length { arg: "probs", .. }),
+        "{err}"
+    );
 
     let mut bad_idx = idx.clone();
     bad_idx[1][6] = 16;
     let (rank, err) = on_rank(run(&x, &bad_idx, &probs, 1));
     assert_eq!(rank, 1);
     assert!(
-        matches!(err, Error::ExpertOutOfRange { arg: "topk_idx", row: 1, slot: 2, value: 16, .. }),
+        matches!(
+            err,
+            Error::ExpertOutOfRange {
+                arg: "topk_idx",
+                row: 1,
+                slot: 2,
+                value: 16,
+                ..
+            }
+        ),
         "{err}"
     );
 
@@ -313,14 +381,26 @@ fn invalid_dispatch_inputs_are_rejected_naming_the_argument() {
     let (rank, err) = on_rank(run(&x, &dup_idx, &probs, 1));
     assert_eq!(rank, 0);
     assert!(
-        matches!(err, Error::DuplicateExpert { arg: "topk_idx", row: 1, expert: 5, first: 0, second: 2 }),
+        matches!(
+            err,
+            Error::DuplicateExpert {
+                arg: "topk_idx",
+                row: 1,
+                expert: 5,
+                first: 0,
+                second: 2
+            }
+        ),
         "{err}"
     );
 
     let mut nan_probs = probs.clone();
     nan_probs[1][3] = f32::NAN;
     let (rank, err) = on_rank(run(&x, &idx, &nan_probs, 1));
-    assert!(rank == 1 && matches!(err, Error::Value { arg: "probs", .. }), "{err}");
+    assert!(
+        rank == 1 && matches!(err, Error::Value { arg: "probs", .. }),
+        "{err}"
+    );
 
     let err = dispatch_with_permute(
         tiny(),
@@ -343,5 +423,16 @@ fn invalid_dispatch_inputs_are_rejected_naming_the_argument() {
     let fp8_x = vec![fp8.clone(), fp8];
     let err = dispatch_with_permute(tiny(), &fp8_x, &idx, &probs, 1, SyncMode::Blocking);
     let (rank, err) = on_rank(err.unwrap_err());
-    assert!(rank == 0 && matches!(err, Error::Length { arg: "scales", got: 9, expected: 10 }), "{err}");
+    assert!(
+        rank == 0
+            && matches!(
+                err,
+                Error::Length {
+                    arg: "scales",
+                    got: 9,
+                    expected: 10
+                }
+            ),
+        "{err}"
+    );
 }

@@ -168,11 +168,18 @@ fn masked_ratio_is_respected() {
         let slots = world.global_tokens() * wide_router().topk;
         let masked = slots - world.valid_slots();
         let observed = masked as f64 / slots as f64;
-        assert!((observed - ratio).abs() < 0.015, "ratio {ratio}: {observed}");
+        assert!(
+            (observed - ratio).abs() < 0.015,
+            "ratio {ratio}: {observed}"
+        );
         if ratio == 0.0 || ratio == 1.0 {
             assert_eq!(observed, ratio);
         }
-        let masked_entries = world.ranks.iter().flat_map(|r| &r.topk_idx).filter(|&&e| e < 0);
+        let masked_entries = world
+            .ranks
+            .iter()
+            .flat_map(|r| &r.topk_idx)
+            .filter(|&&e| e < 0);
         assert!(masked_entries.clone().all(|&e| e == -1));
     }
 }
@@ -217,7 +224,10 @@ fn zero_tokens_is_a_legal_world() {
         let world = generate_world(tiny(), 4, 0, &s).unwrap();
         assert_eq!(world.num_ranks(), 4);
         assert_eq!(world.global_tokens(), 0);
-        assert!(world.ranks.iter().all(|r| r.x.is_empty() && r.topk_idx.is_empty()));
+        assert!(world
+            .ranks
+            .iter()
+            .all(|r| r.x.is_empty() && r.topk_idx.is_empty()));
         validate_world(&world, Some(0)).unwrap();
     }
 }
@@ -226,11 +236,29 @@ fn zero_tokens_is_a_legal_world() {
 fn bad_routing_specs_are_rejected_naming_the_argument() {
     let bad_ratio = spec(RoutingKind::Uniform, 1.5, false, 0);
     let err = generate_world(tiny(), 1, 4, &bad_ratio).unwrap_err();
-    assert!(matches!(err, Error::Value { arg: "masked_ratio", .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::Value {
+                arg: "masked_ratio",
+                ..
+            }
+        ),
+        "{err}"
+    );
 
     let bad_exponent = spec(RoutingKind::Zipf { exponent: f64::NAN }, 0.0, false, 0);
     let err = generate_world(tiny(), 1, 4, &bad_exponent).unwrap_err();
-    assert!(matches!(err, Error::Value { arg: "exponent", .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::Value {
+                arg: "exponent",
+                ..
+            }
+        ),
+        "{err}"
+    );
 
     let err = generate_world(tiny(), 3, 4, &RoutingSpec::default()).unwrap_err();
     assert!(matches!(err, Error::Shape { arg: "ranks", .. }), "{err}");

@@ -44,16 +44,39 @@ fn wrong_lengths_name_the_argument() {
         }
     );
     let err = rank1_error(|r| r.topk_idx.push(0));
-    assert!(matches!(err, Error::Length { arg: "topk_idx", got: 25, expected: 24 }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::Length {
+                arg: "topk_idx",
+                got: 25,
+                expected: 24
+            }
+        ),
+        "{err}"
+    );
     let err = rank1_error(|r| r.topk_weights.truncate(3));
-    assert!(matches!(err, Error::Length { arg: "topk_weights", got: 3, expected: 24 }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::Length {
+                arg: "topk_weights",
+                got: 3,
+                expected: 24
+            }
+        ),
+        "{err}"
+    );
 }
 
 #[test]
 fn tokens_over_capacity_are_rejected() {
     let world = world();
     let err = validate_rank(tiny(), 3, &world.ranks[0], Some(5)).unwrap_err();
-    assert_eq!(err.to_string(), "rank 3: `tokens`: 6 tokens exceed the capacity of 5");
+    assert_eq!(
+        err.to_string(),
+        "rank 3: `tokens`: 6 tokens exceed the capacity of 5"
+    );
     match err {
         Error::OnRank { rank: 3, source } => assert_eq!(
             *source,
@@ -129,7 +152,10 @@ fn non_finite_weights_on_valid_slots_are_rejected_and_masked_ones_ignored() {
 #[test]
 fn negative_weights_are_legal() {
     let mut world = world();
-    world.ranks[0].topk_weights.iter_mut().for_each(|w| *w = -*w);
+    world.ranks[0]
+        .topk_weights
+        .iter_mut()
+        .for_each(|w| *w = -*w);
     validate_world(&world, None).unwrap();
 }
 

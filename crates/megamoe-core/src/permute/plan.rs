@@ -63,7 +63,10 @@ impl PermutePlan {
 
     /// Rows holding expert segments, padding included: the exact size of blocking mode.
     pub fn used_rows(&self) -> usize {
-        *self.expert_offsets.last().expect("offsets have E_l + 1 entries")
+        *self
+            .expert_offsets
+            .last()
+            .expect("offsets have E_l + 1 entries")
     }
 }
 
@@ -130,7 +133,10 @@ pub fn plan_permute<I: AsRef<[i32]>>(
         .chunks(local_experts)
         .enumerate()
         .map(|(rank, rows)| {
-            let padded: Vec<usize> = rows.iter().map(|n| n.div_ceil(pad_multiple) * pad_multiple).collect();
+            let padded: Vec<usize> = rows
+                .iter()
+                .map(|n| n.div_ceil(pad_multiple) * pad_multiple)
+                .collect();
             let mut offsets = vec![0];
             for n in &padded {
                 offsets.push(offsets.last().unwrap() + n);

@@ -71,7 +71,11 @@ where
             probs: plan
                 .sources
                 .iter()
-                .map(|s| s.map_or(0.0, |s| probs[s.rank].as_ref()[s.token * shape.topk + s.slot]))
+                .map(|s| {
+                    s.map_or(0.0, |s| {
+                        probs[s.rank].as_ref()[s.token * shape.topk + s.slot]
+                    })
+                })
                 .collect(),
             tokens_per_expert: plan.tokens_per_expert.clone(),
         })

@@ -215,7 +215,10 @@ fn route_token(
     ranked.sort_by(by_score_desc);
 
     let max_score = scores[ranked[0]];
-    let exps: Vec<f64> = ranked.iter().map(|&e| (scores[e] - max_score).exp()).collect();
+    let exps: Vec<f64> = ranked
+        .iter()
+        .map(|&e| (scores[e] - max_score).exp())
+        .collect();
     let sum: f64 = exps.iter().sum();
     let masks = TokenRng::new(spec.seed, token, Stream::Masks);
     for (k, &expert) in ranked.iter().enumerate() {

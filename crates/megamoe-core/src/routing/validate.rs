@@ -33,7 +33,11 @@ fn check_rank(shape: Shape, inputs: &RankInputs, capacity: Option<usize>) -> Res
     let tokens = inputs.tokens;
     check_len("x", inputs.x.len(), tokens * shape.hidden)?;
     check_len("topk_idx", inputs.topk_idx.len(), tokens * shape.topk)?;
-    check_len("topk_weights", inputs.topk_weights.len(), tokens * shape.topk)?;
+    check_len(
+        "topk_weights",
+        inputs.topk_weights.len(),
+        tokens * shape.topk,
+    )?;
     if let Some(capacity) = capacity {
         if tokens > capacity {
             return Err(Error::Capacity {
@@ -44,7 +48,12 @@ fn check_rank(shape: Shape, inputs: &RankInputs, capacity: Option<usize>) -> Res
         }
     }
     check_topk_idx("topk_idx", shape, &inputs.topk_idx)?;
-    check_slot_weights("topk_weights", shape.topk, &inputs.topk_idx, &inputs.topk_weights)
+    check_slot_weights(
+        "topk_weights",
+        shape.topk,
+        &inputs.topk_idx,
+        &inputs.topk_weights,
+    )
 }
 
 /// Wraps `error` with the rank it happened on.

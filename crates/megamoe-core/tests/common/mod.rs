@@ -44,7 +44,10 @@ pub fn small_integer_rows(world: &WorldInputs) -> Vec<Bf16Rows> {
             hidden,
             values: (0..r.tokens * hidden)
                 .map(|i| {
-                    let (t, c) = ((r.first_global_token + i / hidden) as i64, (i % hidden) as i64);
+                    let (t, c) = (
+                        (r.first_global_token + i / hidden) as i64,
+                        (i % hidden) as i64,
+                    );
                     bf16::from_f32(((t * 7 + c * 3) % 17 - 8) as f32)
                 })
                 .collect(),

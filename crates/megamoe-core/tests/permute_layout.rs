@@ -4,8 +4,8 @@ mod common;
 
 use common::{bits, narrow, on_rank, tiny, topk_idx, topk_weights, x_rows};
 use megamoe_core::permute::{
-    dispatch_rows_per_rank, dispatch_with_permute, plan_permute, Bf16Rows, Dispatched, Fp8Rows,
-    PermuteRows, RowDestination, RowSource, SyncMode, SCALE_BLOCK,
+    combine_with_unpermute, dispatch_rows_per_rank, dispatch_with_permute, plan_permute, Bf16Rows,
+    Dispatched, Fp8Rows, PermuteRows, RowDestination, RowSource, SyncMode, SCALE_BLOCK,
 };
 use megamoe_core::routing::{generate_world, RoutingKind, RoutingSpec};
 use megamoe_core::Error;
@@ -170,7 +170,7 @@ fn non_blocking_mode_fills_the_bound_and_reports_overflow_naming_the_rank() {
     let world = generate_world(tiny(), 4, 16, &spec).unwrap();
     let (idx, probs, x) = (topk_idx(&world), topk_weights(&world), x_rows(&world));
     let sizes = dispatch_rows_per_rank(tiny(), &idx, 16).unwrap();
-    let (blocking, _) =
+    let (blocking, blocking_handle) =
         dispatch_with_permute(tiny(), &x, &idx, &probs, 16, SyncMode::Blocking).unwrap();
 
     let bound = *sizes.iter().max().unwrap();
@@ -185,6 +185,13 @@ fn non_blocking_mode_fills_the_bound_and_reports_overflow_naming_the_rank() {
         assert_eq!(&b.probs[..e.probs.len()], &e.probs[..]);
         assert_eq!(b.tokens_per_expert, e.tokens_per_expert);
     }
+    // Combine reads the bounded layout to the same result.
+    let rows =
+        |out: &[Dispatched<Bf16Rows>]| out.iter().map(|o| o.rows.clone()).collect::<Vec<_>>();
+    let y_bounded = combine_with_unpermute(&rows(&bounded), &handle).unwrap();
+    let y_blocking = combine_with_unpermute(&rows(&blocking), &blocking_handle).unwrap();
+    assert_eq!(y_bounded, y_blocking);
+    assert_eq!(y_bounded.len(), 4);
 
     let busiest = (0..4)
         .max_by_key(|&r| (sizes[r], std::cmp::Reverse(r)))

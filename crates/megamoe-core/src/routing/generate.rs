@@ -2,6 +2,7 @@
 
 use half::bf16;
 use rayon::prelude::*;
+use serde::Serialize;
 
 use super::rng::{Stream, TokenRng};
 use crate::batch::{RankInputs, WorldInputs};
@@ -9,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::preset::Shape;
 
 /// How tokens choose their experts.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub enum RoutingKind {
     /// Top-k of standard normal scores over all experts: every expert equally popular.
     Uniform,
@@ -20,7 +21,7 @@ pub enum RoutingKind {
 }
 
 /// Everything that decides a generated world besides its shape and size.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct RoutingSpec {
     pub kind: RoutingKind,
     /// Probability F in [0, 1] that a slot is masked (−1), drawn independently per slot.

@@ -19,4 +19,4 @@ pub use batch::{RankInputs, WorldInputs};
 pub use error::{Error, Result};
 pub use preset::{Preset, Shape, PRESETS};
 pub use reference::{fused_layer, fused_layer_f64, LayerOptions};
-pub use weights::WeightGen;
+pub use weights::{Matrix, WeightGen, WeightSource};

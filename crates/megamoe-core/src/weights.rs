@@ -85,23 +85,40 @@ fn mix32(mut x: u32) -> u32 {
     x ^ (x >> 16)
 }
 
-impl WeightGen {
-    pub fn new(shape: Shape, seed: u64) -> Self {
-        WeightGen { shape, seed }
-    }
-
-    /// Rows and columns of `matrix`.
-    pub fn dims(&self, matrix: Matrix) -> (usize, usize) {
-        let Shape { hidden, inter, .. } = self.shape;
-        match matrix {
+impl Matrix {
+    /// Rows and columns of this matrix in `shape`.
+    pub fn dims(self, shape: &Shape) -> (usize, usize) {
+        let Shape { hidden, inter, .. } = *shape;
+        match self {
             Matrix::W1 => (2 * inter, hidden),
             Matrix::W2 => (hidden, inter),
         }
     }
+}
+
+/// Where the references get expert weights from: rows of each expert's f32 originals.
+/// [`WeightGen`] is the one every tool uses; tests bring hand-made ones.
+pub trait WeightSource: Sync {
+    fn shape(&self) -> Shape;
+
+    /// Writes rows `first_row…` of `matrix` of global expert `expert` into `out` (a whole
+    /// number of rows).
+    fn fill_rows(&self, expert: usize, matrix: Matrix, first_row: usize, out: &mut [f32]);
+
+    /// Rows and columns of `matrix`.
+    fn dims(&self, matrix: Matrix) -> (usize, usize) {
+        matrix.dims(&self.shape())
+    }
+}
+
+impl WeightSource for WeightGen {
+    fn shape(&self) -> Shape {
+        self.shape
+    }
 
     /// Writes rows `first_row…` of `matrix` of global expert `expert` into `out` (a whole number
     /// of rows).
-    pub fn fill_rows(&self, expert: usize, matrix: Matrix, first_row: usize, out: &mut [f32]) {
+    fn fill_rows(&self, expert: usize, matrix: Matrix, first_row: usize, out: &mut [f32]) {
         let (rows, cols) = self.dims(matrix);
         assert!(expert < self.shape.experts, "expert {expert} out of range");
         assert!(
@@ -119,6 +136,12 @@ impl WeightGen {
             return unsafe { fast(self, expert, matrix, first_row, out) };
         }
         self.fill_rows_body(expert, matrix, first_row, out)
+    }
+}
+
+impl WeightGen {
+    pub fn new(shape: Shape, seed: u64) -> Self {
+        WeightGen { shape, seed }
     }
 
     #[inline(always)]

@@ -5,12 +5,12 @@ use super::{LayerOptions, Routed};
 use crate::batch::WorldInputs;
 use crate::preset::Shape;
 use crate::quant::WEIGHT_BLOCK;
-use crate::weights::{Matrix, WeightGen};
+use crate::weights::{Matrix, WeightSource};
 
 /// Computes the f64 output of every slot routed to `expert`.
 pub(super) fn expert(
     world: &WorldInputs,
-    weights: &WeightGen,
+    weights: &impl WeightSource,
     options: &LayerOptions,
     expert: usize,
     routed: &mut [Routed<f64>],
@@ -56,7 +56,7 @@ pub(super) fn expert(
 /// out[t, n] = Σ_k acts[t, k] · W[n, k] in f64 for every row n of `matrix`. Returns
 /// `[n_tokens, N]`.
 fn gemm(
-    weights: &WeightGen,
+    weights: &impl WeightSource,
     expert: usize,
     matrix: Matrix,
     acts: &[f64],

@@ -31,7 +31,7 @@ use crate::preset::Shape;
 use crate::quant::{
     quantize_blocks_into, quantize_rows, QuantBlocks, QuantRows, INPUT_GROUP, WEIGHT_BLOCK,
 };
-use crate::weights::{Matrix, WeightGen};
+use crate::weights::{Matrix, WeightSource};
 
 /// Every rank's input quantized per token per 128 columns (floor 1e-4).
 pub(super) fn quantize_inputs(world: &WorldInputs) -> Vec<QuantRows> {
@@ -51,7 +51,7 @@ pub(super) fn quantize_inputs(world: &WorldInputs) -> Vec<QuantRows> {
 pub(super) fn expert(
     world: &WorldInputs,
     inputs: &[QuantRows],
-    weights: &WeightGen,
+    weights: &impl WeightSource,
     options: &LayerOptions,
     expert: usize,
     routed: &mut [Routed<bf16>],
@@ -114,7 +114,7 @@ pub(super) fn expert(
 /// scales `[n_tokens, K/group]` against every row n of the quantized `matrix` of `expert`,
 /// in the operation order of the module comment. Returns `[n_tokens, N]`.
 fn gemm(
-    weights: &WeightGen,
+    weights: &impl WeightSource,
     expert: usize,
     matrix: Matrix,
     acts: &[f64],

@@ -19,7 +19,7 @@ use crate::batch::WorldInputs;
 use crate::error::{Error, Result};
 use crate::preset::Shape;
 use crate::quant::default_group;
-use crate::weights::WeightGen;
+use crate::weights::WeightSource;
 
 /// The per-call options of the layer.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -46,7 +46,7 @@ pub type Progress<'a> = &'a (dyn Fn(usize, usize) + Sync);
 /// The fused layer as SPEC §3 defines it: one bf16 `[T, H]` output per rank, rank 0 first.
 pub fn fused_layer(
     world: &WorldInputs,
-    weights: &WeightGen,
+    weights: &impl WeightSource,
     options: &LayerOptions,
     progress: Progress,
 ) -> Result<Vec<Vec<bf16>>> {
@@ -69,7 +69,7 @@ pub fn fused_layer(
 /// `options.group` is not used (nothing is quantized); the clamp is.
 pub fn fused_layer_f64(
     world: &WorldInputs,
-    weights: &WeightGen,
+    weights: &impl WeightSource,
     options: &LayerOptions,
     progress: Progress,
 ) -> Result<Vec<Vec<f64>>> {
@@ -175,13 +175,13 @@ fn combine<T: Copy, A: Copy, Y>(
 }
 
 /// Rejects inputs the layer cannot compute, naming the argument.
-fn check(world: &WorldInputs, weights: &WeightGen, options: &LayerOptions) -> Result<()> {
+fn check(world: &WorldInputs, weights: &impl WeightSource, options: &LayerOptions) -> Result<()> {
     let shape = world.shape;
     shape.validate(world.num_ranks())?;
-    if weights.shape != shape {
+    if weights.shape() != shape {
         return Err(Error::Value {
             arg: "weights",
-            value: format!("{:?}", weights.shape),
+            value: format!("{:?}", weights.shape()),
             reason: format!("generator shape differs from the inputs' {shape:?}"),
         });
     }

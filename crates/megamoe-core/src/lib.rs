@@ -7,7 +7,9 @@
 
 pub mod batch;
 pub mod error;
+pub mod plan;
 pub mod preset;
+pub mod sim;
 
 pub use batch::{RankInputs, WorldInputs};
 pub use error::{Error, Result};

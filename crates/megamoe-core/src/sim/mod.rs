@@ -4,7 +4,7 @@
 //!
 //! Each SM takes the next task of its rank's stream, in order. The first L1 task of block j
 //! makes its SM issue the pulls of blocks up to j + pull_ahead, each after its slot's awaited
-//! block finished L2; a pull is a transfer per source rank that holds the source's NVLink egress
+//! block finished L2; a pull is a transfer per source rank through the source's NVLink egress
 //! and the puller's ingress. An L2 tile scatters its rows to their source ranks the same way.
 //!
 //! The simulator does not trust the plan: it tracks which block really holds each slot and
@@ -322,13 +322,15 @@ impl<'a> Sim<'a> {
         });
     }
 
-    /// One transfer over NVLink from `src` to `dst`, holding both ends; returns its end.
+    /// One transfer over NVLink from `src` to `dst`; returns its end. The source's egress and
+    /// the destination's ingress each serve their transfers in order at the link rate, and
+    /// independently: NVLink is packet-switched, so a transfer waiting at one end does not hold
+    /// the other end idle.
     fn transfer(&mut self, src: usize, dst: usize, bytes: f64, ready: f64) -> f64 {
-        let start = ready.max(self.egress_free[src]).max(self.ingress_free[dst]);
-        let end = start + bytes / self.costs.model.nvlink_bytes;
-        self.egress_free[src] = end;
-        self.ingress_free[dst] = end;
-        end
+        let seconds = bytes / self.costs.model.nvlink_bytes;
+        self.egress_free[src] = ready.max(self.egress_free[src]) + seconds;
+        self.ingress_free[dst] = ready.max(self.ingress_free[dst]) + seconds;
+        self.egress_free[src].max(self.ingress_free[dst])
     }
 
     fn task_seconds(&self, rank: usize, task: usize) -> f64 {

@@ -230,6 +230,18 @@ fn the_planned_ring_wraps_and_every_reuse_waits() {
     }
 }
 
+#[test]
+fn a_call_without_tokens_plans_and_runs_nothing() {
+    let shape = Preset::by_name("flash").unwrap().shape;
+    let loads = Loads::new(shape.experts, vec![0; 8], vec![0; 8 * shape.experts]).unwrap();
+    let plan = CallPlan::new(&shape, 8, 8192, 128, 0).unwrap();
+    assert_eq!(plan.order.order, Order::SingleWave);
+    let p = sim::predict(&plan, &loads, &TimeModel::H200).unwrap();
+    assert!(p.fused.ranks.iter().all(|r| r.tasks == 0));
+    // The count exchange and the final barrier, nothing else.
+    assert!((p.fused.time_s - 2.0 * TimeModel::H200.barrier_s).abs() < 1e-12);
+}
+
 /// 40 full units on one rank: the ring bound is tight there.
 fn full_unit_loads(block_m: usize) -> Loads {
     let rows: Vec<usize> = [3, 4, 3, 2, 5, 3, 4, 2, 3, 4, 3, 4]

@@ -212,7 +212,8 @@ impl Stream {
                         first_row,
                         rows: params.block_m.min(rows - first_row),
                         unit,
-                        slot: b % params.ring_slots,
+                        // A ring of 0 slots puts every block in slot 0, which `verify` rejects.
+                        slot: b % params.ring_slots.max(1),
                         waits_for: match params.order {
                             Order::Lagged { .. } => b.checked_sub(params.ring_slots),
                             Order::SingleWave => None,

@@ -1,13 +1,19 @@
-//! megamoe: the command line of the expert-parallel MoE layer.
+//! `megamoe`: the command line of the megamoe expert-parallel MoE layer. A thin shell: every
+//! subcommand lives in its own file under `cmd/` and calls the library crates.
 
 mod cmd;
+mod progress;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "megamoe", version, about)]
+#[command(
+    name = "megamoe",
+    version,
+    about = "Expert-parallel MoE layer for Hopper GPUs"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -15,6 +21,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the fused MoE layer on a generated batch (the CPU reference where no GPU layer runs).
+    Run(cmd::run::RunArgs),
     /// Symmetric-buffer sizes (split vs fused) and the schedule of one preset.
     Plan(cmd::plan::PlanArgs),
 }
@@ -22,12 +30,13 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
+        Command::Run(args) => cmd::run::run(args),
         Command::Plan(args) => cmd::plan::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("megamoe: {e}");
+            eprintln!("megamoe: error: {e}");
             ExitCode::FAILURE
         }
     }

@@ -10,7 +10,6 @@
 #include "mma/fp8_mainloop.cuh"
 #include "epilogue/store.cuh"
 
-constexpr int kGemmThreads = 384;
 constexpr int kMathWarps = 8;
 constexpr u32 kProducerRegs = 40;
 constexpr u32 kConsumerRegs = 232;

@@ -19,3 +19,6 @@ struct GroupedGemmParams {
     u32 group_m;        // m-blocks walked together per n-block (L2 reuse of the weight tile)
     u32 reserved[3];
 };
+
+static_assert(sizeof(GroupedGemmParams) == 512, "mirrored in src/params.rs");
+static_assert(alignof(GroupedGemmParams) == 64, "mirrored in src/params.rs");

@@ -3,6 +3,7 @@
 //! f32 promotion per K group, bf16 or f32 output (SPEC §3 steps 1 and 4). TMA producer,
 //! two wgmma consumer warpgroups, persistent tile scheduler; contiguous and masked layouts.
 
+pub mod bench;
 pub mod checks;
 pub mod error;
 pub mod grouped;

@@ -1,0 +1,88 @@
+//! Timing of one grouped GEMM case against its floor (benchmark protocol, SPEC §8).
+
+use cudarc::driver::sys::CUevent_flags;
+
+use crate::error::{GemmError, Result};
+use crate::grouped::GroupedGemm;
+use crate::heuristics::{choose, GemmProblem};
+use crate::runtime::Gpu;
+use crate::testdata::{compare, DeviceOperands, HostOperands};
+
+/// Measured FP8 dense peak of our H200 (ANCHORS.md).
+pub const PEAK_FLOPS: f64 = 1394e12;
+/// Measured HBM copy bandwidth of our H200 (ANCHORS.md).
+pub const HBM_BYTES_PER_S: f64 = 4.2e12;
+
+/// One measured case.
+#[derive(Debug, Clone)]
+pub struct BenchResult {
+    pub kernel: String,
+    pub median_us: f64,
+    pub min_us: f64,
+    pub max_us: f64,
+    pub tflops: f64,
+    pub floor_us: f64,
+    pub weight_floor_us: f64,
+    pub diff: f64,
+    pub rows_checked: usize,
+    pub unwritten: usize,
+}
+
+fn driver(step: &'static str) -> impl Fn(cudarc::driver::DriverError) -> GemmError {
+    move |source| GemmError::Driver { step, source }
+}
+
+/// Checks sampled rows (first and last of every expert, every element for poison), then times
+/// `iters` launches after `warmup`, each between its own pair of events.
+pub fn run_case(
+    gpu: &Gpu,
+    problem: GemmProblem,
+    rows: &[usize],
+    seed: u64,
+    warmup: usize,
+    iters: usize,
+) -> Result<BenchResult> {
+    let config = choose(&problem, gpu.sms)?;
+    let host = HostOperands::random(problem, rows, seed)?;
+    let mut dev = DeviceOperands::upload(gpu, &host)?;
+    let gemm = GroupedGemm::new(gpu, problem, config, host.contiguous_rows, dev.pointers(gpu))?;
+    dev.poison_output(gpu)?;
+    gemm.launch(gpu)?;
+    gemm.check(gpu)?;
+    let out = gpu
+        .stream
+        .clone_dtoh(&dev.out)
+        .map_err(driver("output download"))?;
+    let c = compare(&host, &out, usize::MAX);
+
+    for _ in 0..warmup {
+        gemm.launch(gpu)?;
+    }
+    let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
+    let mut times = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let start = gpu.ctx.new_event(flags).map_err(driver("event"))?;
+        let stop = gpu.ctx.new_event(flags).map_err(driver("event"))?;
+        start.record(&gpu.stream).map_err(driver("event record"))?;
+        gemm.launch(gpu)?;
+        stop.record(&gpu.stream).map_err(driver("event record"))?;
+        stop.synchronize().map_err(driver("event sync"))?;
+        times.push(start.elapsed_ms(&stop).map_err(driver("event time"))? as f64 * 1e3);
+    }
+    gemm.check(gpu)?;
+    times.sort_by(f64::total_cmp);
+    let median = times[times.len() / 2];
+    let (flops, bytes) = host.flops_and_bytes();
+    Ok(BenchResult {
+        kernel: config.kernel_name(),
+        median_us: median,
+        min_us: times[0],
+        max_us: *times.last().unwrap(),
+        tflops: flops / (median * 1e-6) / 1e12,
+        floor_us: (flops / PEAK_FLOPS).max(bytes / HBM_BYTES_PER_S) * 1e6,
+        weight_floor_us: host.weight_bytes() / HBM_BYTES_PER_S * 1e6,
+        diff: c.diff,
+        rows_checked: c.rows_checked,
+        unwritten: c.unwritten + c.overwritten,
+    })
+}

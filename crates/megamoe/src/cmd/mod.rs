@@ -1,0 +1,2 @@
+pub mod bench_gemm;
+pub mod selftest_gemm;

@@ -4,7 +4,7 @@ use cudarc::driver::sys::CUevent_flags;
 
 use crate::error::{GemmError, Result};
 use crate::grouped::GroupedGemm;
-use crate::heuristics::{choose, GemmProblem};
+use crate::heuristics::{choose, with_block_n, GemmProblem};
 use crate::runtime::Gpu;
 use crate::testdata::{compare, DeviceOperands, HostOperands};
 
@@ -41,8 +41,15 @@ pub fn run_case(
     seed: u64,
     warmup: usize,
     iters: usize,
+    block_n: Option<usize>,
 ) -> Result<BenchResult> {
-    let config = choose(&problem, gpu.sms)?;
+    let mut config = choose(&problem, gpu.sms)?;
+    if let Some(bn) = block_n {
+        config = with_block_n(config, &problem, bn).ok_or_else(|| GemmError::Shape {
+            arg: "block_n",
+            reason: format!("{bn} is not a tile width for BLOCK_M {} and N {}", config.block_m, problem.n),
+        })?;
+    }
     let host = HostOperands::random(problem, rows, seed)?;
     let mut dev = DeviceOperands::upload(gpu, &host)?;
     let gemm = GroupedGemm::new(gpu, problem, config, host.contiguous_rows, dev.pointers(gpu))?;

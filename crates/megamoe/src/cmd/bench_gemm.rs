@@ -40,6 +40,9 @@ pub struct BenchGemmArgs {
     pub iters: usize,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Overrides the heuristic's BLOCK_N (tuning knob).
+    #[arg(long)]
+    pub block_n: Option<usize>,
     /// Appends one JSON line per case (group sizes included) for the torch comparison script.
     #[arg(long)]
     pub json_out: Option<std::path::PathBuf>,
@@ -91,7 +94,7 @@ pub fn run(args: BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
             out: OutDtype::Bf16,
             rows_per_expert: mean,
         };
-        let r = run_case(&gpu, problem, &rows, args.seed, 3, args.iters)?;
+        let r = run_case(&gpu, problem, &rows, args.seed, 3, args.iters, args.block_n)?;
         let deepgemm = DEEPGEMM_US
             .iter()
             .find(|(sh, m, _)| {

@@ -42,6 +42,7 @@ pub fn run_case(
     warmup: usize,
     iters: usize,
     block_n: Option<usize>,
+    direct_store: bool,
 ) -> Result<BenchResult> {
     let mut config = choose(&problem, gpu.sms)?;
     if let Some(bn) = block_n {
@@ -49,6 +50,9 @@ pub fn run_case(
             arg: "block_n",
             reason: format!("{bn} is not a tile width for BLOCK_M {} and N {}", config.block_m, problem.n),
         })?;
+    }
+    if direct_store {
+        config.tma_store = false;
     }
     let host = HostOperands::random(problem, rows, seed)?;
     let mut dev = DeviceOperands::upload(gpu, &host)?;

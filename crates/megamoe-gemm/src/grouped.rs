@@ -104,6 +104,21 @@ impl GroupedGemm {
             [config.block_m as u32, (128 / g) as u32],
             false,
         )?;
+        // Only the TMA-store epilogue reads it; the output's element size is 2 bytes then.
+        let tma_d = encode_tma_2d(
+            ptr.out,
+            TmaElem::Bf16,
+            [n as u64, rows as u64],
+            (n * problem.out.bytes()) as u64,
+            [64, 64],
+            true,
+        )?;
+        if config.tma_store && (config.masked || problem.out != crate::heuristics::OutDtype::Bf16) {
+            return Err(GemmError::Shape {
+                arg: "config",
+                reason: "the TMA-store epilogue writes whole bf16 tiles of the contiguous layout".into(),
+            });
+        }
         let error = gpu
             .stream
             .alloc_zeros::<u32>(1)
@@ -116,6 +131,7 @@ impl GroupedGemm {
             tma_a,
             tma_b,
             tma_sa,
+            tma_d,
             out: ptr.out,
             scale_b: ptr.scale_b,
             expert_rows: ptr.expert_rows,

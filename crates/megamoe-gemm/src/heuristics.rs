@@ -67,6 +67,9 @@ pub struct GemmConfig {
     pub group_size: usize,
     pub masked: bool,
     pub out: OutDtype,
+    /// bf16 tiles leave through shared memory and TMA stores that overlap the next tile
+    /// (contiguous layout only: it writes whole tiles); otherwise straight from registers.
+    pub tma_store: bool,
     /// m-blocks of one expert walked together per n-block.
     pub group_m: usize,
     pub ctas: usize,
@@ -81,7 +84,7 @@ impl GemmConfig {
     /// The kernel symbol of this instantiation.
     pub fn kernel_name(&self) -> String {
         format!(
-            "grouped_gemm_fp8_m{}_n{}_s{}_g{}_{}_{}",
+            "grouped_gemm_fp8_m{}_n{}_s{}_g{}_{}_{}{}",
             self.block_m,
             self.block_n,
             self.stages,
@@ -90,7 +93,8 @@ impl GemmConfig {
             match self.out {
                 OutDtype::Bf16 => "bf16",
                 OutDtype::F32 => "f32",
-            }
+            },
+            if self.tma_store { "_tma" } else { "" }
         )
     }
 }
@@ -98,7 +102,13 @@ impl GemmConfig {
 /// Bytes of the shared-memory plan (SmemLayout in kernels/layout/smem_layout.cuh).
 pub fn smem_bytes(block_m: usize, block_n: usize, stages: usize, group_size: usize) -> usize {
     let per_stage = block_m * BLOCK_K + block_n * BLOCK_K + (BLOCK_K / group_size) * block_m * 4;
-    stages * per_stage + 2 * stages * 8 + MAX_EXPERTS * 4
+    let staging = 2 * 64 * 64 * 2;
+    stages * per_stage + staging + 2 * stages * 8 + MAX_EXPERTS * 4
+}
+
+/// Whether the TMA-store epilogue applies (see `GemmConfig::tma_store`).
+pub fn tma_store_applies(masked: bool, out: OutDtype) -> bool {
+    !masked && out == OutDtype::Bf16
 }
 
 /// The deepest ring that fits in shared memory.
@@ -168,6 +178,7 @@ pub fn choose(p: &GemmProblem, sms: usize) -> Result<GemmConfig, GemmError> {
         group_size: p.group_size,
         masked: matches!(p.layout, Layout::Masked { .. }),
         out: p.out,
+        tma_store: tma_store_applies(matches!(p.layout, Layout::Masked { .. }), p.out),
         group_m: 8,
         ctas: sms,
     };
@@ -198,16 +209,22 @@ pub fn all_configs(sms: usize) -> Vec<GemmConfig> {
         for group_size in [128, 64] {
             for masked in [false, true] {
                 for dtype in [OutDtype::Bf16, OutDtype::F32] {
-                    out.push(GemmConfig {
-                        block_m,
-                        block_n,
-                        stages: max_stages(block_m, block_n, group_size),
-                        group_size,
-                        masked,
-                        out: dtype,
-                        group_m: 8,
-                        ctas: sms,
-                    });
+                    for tma_store in [true, false] {
+                        if tma_store && !tma_store_applies(masked, dtype) {
+                            continue;
+                        }
+                        out.push(GemmConfig {
+                            block_m,
+                            block_n,
+                            stages: max_stages(block_m, block_n, group_size),
+                            group_size,
+                            masked,
+                            out: dtype,
+                            tma_store,
+                            group_m: 8,
+                            ctas: sms,
+                        });
+                    }
                 }
             }
         }
@@ -241,7 +258,9 @@ mod tests {
         assert_eq!((c.block_m, c.block_n, c.stages), (128, 128, 6));
         let c = choose(&problem(32, Layout::Masked { max_m: 32 }, 128), 132).unwrap();
         assert_eq!((c.block_m, c.block_n, c.stages), (64, 256, 5));
-        assert!(c.masked);
+        assert!(c.masked && !c.tma_store);
+        let c = choose(&problem(512, Layout::Contiguous { pad: 128 }, 128), 132).unwrap();
+        assert!(c.tma_store);
     }
 
     #[test]

@@ -25,15 +25,16 @@ pub const THREADS: u32 = 384;
 /// The translation unit that instantiates `config`, with every include inlined once
 /// (NVRTC then needs no include path).
 pub fn translation_unit(config: &GemmConfig) -> String {
-    let out = match config.out {
-        OutDtype::Bf16 => "u16",
-        OutDtype::F32 => "float",
+    let epilogue = match (config.tma_store, config.out) {
+        (true, _) => "TmaStoreBf16",
+        (false, OutDtype::Bf16) => "StoreRows<u16>",
+        (false, OutDtype::F32) => "StoreRows<float>",
     };
     let entry = format!(
         "#include \"impls/grouped_gemm.cuh\"\n\
          extern \"C\" __global__ void __launch_bounds__({THREADS}, 1)\n\
          {name}(const __grid_constant__ GroupedGemmParams p) {{\n\
-         \x20   grouped_gemm_fp8<{bm}, {bn}, {stages}, {g}, {masked}, StoreRows<{out}>>(p);\n\
+         \x20   grouped_gemm_fp8<{bm}, {bn}, {stages}, {g}, {masked}, {epilogue}>(p);\n\
          }}\n",
         name = config.kernel_name(),
         bm = config.block_m,

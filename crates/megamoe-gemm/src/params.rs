@@ -13,6 +13,7 @@ pub struct GroupedGemmParams {
     pub tma_a: TmaDesc,
     pub tma_b: TmaDesc,
     pub tma_sa: TmaDesc,
+    pub tma_d: TmaDesc,
     pub out: u64,
     pub scale_b: u64,
     pub expert_rows: u64,
@@ -28,8 +29,8 @@ pub struct GroupedGemmParams {
 
 const _: () = assert!(std::mem::size_of::<TmaDesc>() == 128);
 const _: () = assert!(std::mem::align_of::<TmaDesc>() == 64);
-const _: () = assert!(std::mem::size_of::<GroupedGemmParams>() == 512);
+const _: () = assert!(std::mem::size_of::<GroupedGemmParams>() == 640);
 const _: () = assert!(std::mem::align_of::<GroupedGemmParams>() == 64);
-const _: () = assert!(std::mem::offset_of!(GroupedGemmParams, out) == 384);
-const _: () = assert!(std::mem::offset_of!(GroupedGemmParams, num_experts) == 424);
-const _: () = assert!(std::mem::offset_of!(GroupedGemmParams, group_m) == 440);
+const _: () = assert!(std::mem::offset_of!(GroupedGemmParams, out) == 512);
+const _: () = assert!(std::mem::offset_of!(GroupedGemmParams, num_experts) == 552);
+const _: () = assert!(std::mem::offset_of!(GroupedGemmParams, group_m) == 568);

@@ -239,6 +239,7 @@ impl Gpu {
 #[derive(Clone, Copy, Debug)]
 pub enum TmaElem {
     U8,
+    Bf16,
     F32,
 }
 
@@ -256,6 +257,7 @@ pub fn encode_tma_2d(
     let mut map = std::mem::MaybeUninit::<CUtensorMap>::zeroed();
     let dtype = match elem {
         TmaElem::U8 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+        TmaElem::Bf16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
         TmaElem::F32 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
     };
     let strides = [row_bytes];

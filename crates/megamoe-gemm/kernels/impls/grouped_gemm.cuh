@@ -26,6 +26,7 @@ __device__ __forceinline__ void grouped_gemm_fp8(const GroupedGemmParams& p) {
         tma_prefetch_desc(&p.tma_a);
         tma_prefetch_desc(&p.tma_b);
         tma_prefetch_desc(&p.tma_sa);
+        tma_prefetch_desc(&p.tma_d);
     }
     const i32* expert_rows = reinterpret_cast<const i32*>(p.expert_rows);
     for (u32 e = threadIdx.x; e < p.num_experts; e += blockDim.x) smem.rows()[e] = expert_rows[e];

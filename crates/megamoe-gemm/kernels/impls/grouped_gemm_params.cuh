@@ -7,6 +7,7 @@ struct GroupedGemmParams {
     TmaDesc tma_a;      // e4m3 activations, 2-D {K, rows}; 128-byte swizzle, box {128, BLOCK_M}
     TmaDesc tma_b;      // e4m3 weights W[E, N, K] as 2-D {K, E*N}; box {128, BLOCK_N}
     TmaDesc tma_sa;     // f32 activation scales, K-group-major 2-D {rows, groups}; box {BLOCK_M, 128/G}
+    TmaDesc tma_d;      // bf16 output 2-D {N, rows}; box {64, 64}, 128-byte swizzle (TMA-store epilogue)
     u64 out;            // bf16 or f32 output, rows like the activations, N columns
     u64 scale_b;        // f32 weight scales [E, N/128, K/128]
     u64 expert_rows;    // i32 [E]: padded segment sizes (contiguous) or valid rows (masked)
@@ -20,5 +21,5 @@ struct GroupedGemmParams {
     u32 reserved[3];
 };
 
-static_assert(sizeof(GroupedGemmParams) == 512, "mirrored in src/params.rs");
+static_assert(sizeof(GroupedGemmParams) == 640, "mirrored in src/params.rs");
 static_assert(alignof(GroupedGemmParams) == 64, "mirrored in src/params.rs");

@@ -101,8 +101,9 @@ __device__ void wgmma_consumer(const GroupedGemmParams& p,
         const u32 rows_valid = t.rows_valid > a_off ? t.rows_valid - a_off : 0;
 #pragma unroll
         for (int w = 0; w < kWaves; ++w) {
-            Epilogue::store(reinterpret_cast<void*>(p.out), p.n, t.a_row + a_off,
-                            t.n0 + b_off + w * Mma::kN, rows_valid, sum[w]);
+            Epilogue::store(p, smem.staging(wg), wg, t.a_row + a_off, t.n0 + b_off + w * Mma::kN,
+                            rows_valid, sum[w]);
         }
     }
+    Epilogue::finish();
 }

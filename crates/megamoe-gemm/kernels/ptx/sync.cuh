@@ -5,7 +5,17 @@
 // Every named barrier of the grouped GEMM kernels. Id 0 is __syncthreads.
 enum class NamedBarrier : u32 {
     kBlock = 0,
+    kEpilogueWg0 = 1,  // consumer warpgroup 0 staging its tile for a TMA store
+    kEpilogueWg1 = 2,  // consumer warpgroup 1, likewise
 };
+
+__device__ __forceinline__ NamedBarrier epilogue_barrier(u32 wg) {
+    return wg == 0 ? NamedBarrier::kEpilogueWg0 : NamedBarrier::kEpilogueWg1;
+}
+
+__device__ __forceinline__ void named_barrier_sync(NamedBarrier id, u32 threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(static_cast<u32>(id)), "r"(threads) : "memory");
+}
 
 template <u32 kRegs>
 __device__ __forceinline__ void setmaxnreg_inc() {

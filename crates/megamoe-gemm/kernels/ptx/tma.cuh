@@ -1,4 +1,4 @@
-// Bulk tensor copies (TMA), global -> shared, completing on an mbarrier.
+// Bulk tensor copies (TMA): loads completing on an mbarrier, stores tracked by bulk groups.
 #pragma once
 #include "ptx/types.cuh"
 #include "ptx/mbarrier.cuh"
@@ -22,4 +22,40 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const TmaDesc* desc, u64*
         "l"(reinterpret_cast<u64>(desc)), "r"(smem_addr(bar)), "r"(x), "r"(y),
         "l"(static_cast<u64>(hint))
         : "memory");
+}
+
+// Shared -> global; the source must be made visible to the async proxy first
+// (fence_proxy_async_shared in every writing thread, then a barrier).
+__device__ __forceinline__ void tma_store_2d(const TmaDesc* desc, const void* src, i32 x, i32 y) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
+                     reinterpret_cast<u64>(desc)),
+                 "r"(smem_addr(src)), "r"(x), "r"(y)
+                 : "memory");
+}
+
+__device__ __forceinline__ void bulk_commit_group() {
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+
+// Waits until the committed stores have read their shared-memory sources.
+__device__ __forceinline__ void bulk_wait_group_read_all() {
+    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+
+// Waits until the committed stores are complete.
+__device__ __forceinline__ void bulk_wait_group_all() {
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+
+__device__ __forceinline__ void fence_proxy_async_shared() {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// Four 8x8 b16 matrices from registers (one b32 per matrix per thread, the mma fragment
+// layout) to shared memory; lanes 8i..8i+7 give the row addresses of matrix i.
+__device__ __forceinline__ void stmatrix_x4(void* dst, u32 r0, u32 r1, u32 r2, u32 r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(
+                     smem_addr(dst)),
+                 "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
 }

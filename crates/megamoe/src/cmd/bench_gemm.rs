@@ -43,6 +43,9 @@ pub struct BenchGemmArgs {
     /// Overrides the heuristic's BLOCK_N (tuning knob).
     #[arg(long)]
     pub block_n: Option<usize>,
+    /// Stores tiles straight from registers instead of through TMA (tuning knob).
+    #[arg(long)]
+    pub direct_store: bool,
     /// Appends one JSON line per case (group sizes included) for the torch comparison script.
     #[arg(long)]
     pub json_out: Option<std::path::PathBuf>,
@@ -94,7 +97,7 @@ pub fn run(args: BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
             out: OutDtype::Bf16,
             rows_per_expert: mean,
         };
-        let r = run_case(&gpu, problem, &rows, args.seed, 3, args.iters, args.block_n)?;
+        let r = run_case(&gpu, problem, &rows, args.seed, 3, args.iters, args.block_n, args.direct_store)?;
         let deepgemm = DEEPGEMM_US
             .iter()
             .find(|(sh, m, _)| {

@@ -1,11 +1,10 @@
 //! Timing of one grouped GEMM case against its floor (benchmark protocol, SPEC §8).
 
-use cudarc::driver::sys::CUevent_flags;
+use megamoe_cuda::Gpu;
 
 use crate::error::{GemmError, Result};
 use crate::grouped::GroupedGemm;
 use crate::heuristics::{choose, with_block_n, GemmProblem};
-use crate::runtime::Gpu;
 use crate::testdata::{compare, DeviceOperands, HostOperands};
 
 /// Measured FP8 dense peak of our H200 (ANCHORS.md).
@@ -28,8 +27,15 @@ pub struct BenchResult {
     pub unwritten: usize,
 }
 
-fn driver(step: &'static str) -> impl Fn(cudarc::driver::DriverError) -> GemmError {
-    move |source| GemmError::Driver { step, source }
+/// How a case is run and which of the heuristic's choices it overrides (tuning knobs).
+#[derive(Clone, Copy, Debug)]
+pub struct BenchOptions {
+    pub warmup: usize,
+    pub iters: usize,
+    /// Another BLOCK_N than the heuristic's.
+    pub block_n: Option<usize>,
+    /// Stores tiles straight from registers instead of through TMA.
+    pub direct_store: bool,
 }
 
 /// Checks sampled rows (first and last of every expert, every element for poison), then times
@@ -39,46 +45,40 @@ pub fn run_case(
     problem: GemmProblem,
     rows: &[usize],
     seed: u64,
-    warmup: usize,
-    iters: usize,
-    block_n: Option<usize>,
-    direct_store: bool,
+    opts: &BenchOptions,
 ) -> Result<BenchResult> {
-    let mut config = choose(&problem, gpu.sms)?;
-    if let Some(bn) = block_n {
+    let mut config = choose(&problem, gpu.props().sm_count as usize)?;
+    if let Some(bn) = opts.block_n {
         config = with_block_n(config, &problem, bn).ok_or_else(|| GemmError::Shape {
             arg: "block_n",
-            reason: format!("{bn} is not a tile width for BLOCK_M {} and N {}", config.block_m, problem.n),
+            reason: format!(
+                "{bn} is not a tile width for BLOCK_M {} and N {}",
+                config.block_m, problem.n
+            ),
         })?;
     }
-    if direct_store {
+    if opts.direct_store {
         config.tma_store = false;
     }
     let host = HostOperands::random(problem, rows, seed)?;
-    let mut dev = DeviceOperands::upload(gpu, &host)?;
-    let gemm = GroupedGemm::new(gpu, problem, config, host.contiguous_rows, dev.pointers(gpu))?;
-    dev.poison_output(gpu)?;
+    let dev = DeviceOperands::upload(gpu, &host)?;
+    let gemm = GroupedGemm::new(gpu, problem, config, host.contiguous_rows, dev.pointers())?;
+    dev.poison_output()?;
     gemm.launch(gpu)?;
     gemm.check(gpu)?;
-    let out = gpu
-        .stream
-        .clone_dtoh(&dev.out)
-        .map_err(driver("output download"))?;
+    let out: Vec<u8> = dev.out.download()?;
     let c = compare(&host, &out, usize::MAX);
 
-    for _ in 0..warmup {
+    for _ in 0..opts.warmup {
         gemm.launch(gpu)?;
     }
-    let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
-    let mut times = Vec::with_capacity(iters);
-    for _ in 0..iters {
-        let start = gpu.ctx.new_event(flags).map_err(driver("event"))?;
-        let stop = gpu.ctx.new_event(flags).map_err(driver("event"))?;
-        start.record(&gpu.stream).map_err(driver("event record"))?;
+    let timer = gpu.timer()?;
+    let mut times = Vec::with_capacity(opts.iters);
+    for _ in 0..opts.iters {
+        timer.start()?;
         gemm.launch(gpu)?;
-        stop.record(&gpu.stream).map_err(driver("event record"))?;
-        stop.synchronize().map_err(driver("event sync"))?;
-        times.push(start.elapsed_ms(&stop).map_err(driver("event time"))? as f64 * 1e3);
+        timer.stop()?;
+        times.push(timer.elapsed_ms()? as f64 * 1e3);
     }
     gemm.check(gpu)?;
     times.sort_by(f64::total_cmp);

@@ -2,19 +2,23 @@
 //! heuristics can pick, on fresh random data with empty and one-row experts, output poisoned
 //! first, diff ≤ 1e-4 against the CPU reference.
 
+use megamoe_cuda::Gpu;
+
 use crate::error::Result;
 use crate::grouped::GroupedGemm;
 use crate::heuristics::{all_configs, GemmConfig, GemmProblem, Layout};
-use crate::runtime::Gpu;
 use crate::testdata::{compare, DeviceOperands, HostOperands};
 
 /// Accuracy promise of SPEC §3 against the CPU reference.
 pub const MAX_DIFF: f64 = 1e-4;
 
-/// One named check; `run` returns a one-line summary or the failure.
+/// A check's body: a one-line summary when it holds, the failure otherwise.
+pub type CheckFn = Box<dyn Fn(&Gpu) -> std::result::Result<String, String> + Send + Sync>;
+
+/// One named check.
 pub struct GpuCheck {
     pub name: String,
-    pub run: Box<dyn Fn(&Gpu) -> std::result::Result<String, String> + Send + Sync>,
+    pub run: CheckFn,
 }
 
 /// Runs `config` on fresh data shaped like `problem` with `rows` per expert and compares it.
@@ -27,33 +31,29 @@ pub fn check_config(
     every: usize,
 ) -> Result<std::result::Result<String, String>> {
     let host = HostOperands::random(problem, rows, seed)?;
-    let mut dev = DeviceOperands::upload(gpu, &host)?;
-    let gemm = GroupedGemm::new(gpu, problem, config, host.contiguous_rows, dev.pointers(gpu))?;
-    dev.poison_output(gpu)?;
+    let dev = DeviceOperands::upload(gpu, &host)?;
+    let gemm = GroupedGemm::new(gpu, problem, config, host.contiguous_rows, dev.pointers())?;
+    dev.poison_output()?;
     gemm.launch(gpu)?;
     gemm.check(gpu)?;
-    let out = gpu
-        .stream
-        .clone_dtoh(&dev.out)
-        .map_err(|source| crate::error::GemmError::Driver {
-            step: "output download",
-            source,
-        })?;
+    let out: Vec<u8> = dev.out.download()?;
     let c = compare(&host, &out, every);
     let summary = format!(
-        "diff {:.2e} over {} rows, {} unwritten rows, {} rows written past the count (regs {}, spills {})",
+        "diff {:.2e} over {} rows, {} unwritten rows, {} rows written past the count (registers {}, spills/stack/local: {})",
         c.diff,
         c.rows_checked,
         c.unwritten,
         c.overwritten,
-        gemm.kernel().report.registers,
-        gemm.kernel().report.spills()
+        gemm.compiled.report.registers,
+        gemm.compiled.report.unclean_reason().unwrap_or_else(|| "none".into())
     );
-    Ok(if c.diff <= MAX_DIFF && c.unwritten == 0 && c.overwritten == 0 && !c.diff.is_nan() {
-        Ok(summary)
-    } else {
-        Err(summary)
-    })
+    Ok(
+        if c.diff <= MAX_DIFF && c.unwritten == 0 && c.overwritten == 0 && !c.diff.is_nan() {
+            Ok(summary)
+        } else {
+            Err(summary)
+        },
+    )
 }
 
 /// The small problem every configuration is checked on: 7 experts, among them an empty one
@@ -87,8 +87,15 @@ pub fn gpu_checks(sms: usize) -> Vec<GpuCheck> {
             name: format!("gemm {}", config.kernel_name()),
             run: Box::new(move |gpu: &Gpu| {
                 let (problem, rows) = check_problem(&config);
-                check_config(gpu, problem, config, &rows, 0x5EED ^ config.stages as u64, 1)
-                    .map_err(|e| e.to_string())?
+                check_config(
+                    gpu,
+                    problem,
+                    config,
+                    &rows,
+                    0x5EED ^ config.stages as u64,
+                    1,
+                )
+                .map_err(|e| e.to_string())?
             }),
         })
         .collect()

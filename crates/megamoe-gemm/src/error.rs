@@ -4,15 +4,8 @@
 pub enum GemmError {
     #[error("argument `{arg}`: {reason}")]
     Shape { arg: &'static str, reason: String },
-    #[error("CUDA library `{lib}` could not be loaded")]
-    LibraryMissing { lib: &'static str },
-    #[error("CUDA driver call failed in {step}: {source}")]
-    Driver {
-        step: &'static str,
-        source: cudarc::driver::DriverError,
-    },
-    #[error("NVRTC could not compile `{kernel}`:\n{log}")]
-    Compile { kernel: String, log: String },
+    #[error(transparent)]
+    Cuda(#[from] megamoe_cuda::Error),
     #[error("device wait expired in `{kernel}`: {what}")]
     DeviceTimeout { kernel: String, what: String },
 }

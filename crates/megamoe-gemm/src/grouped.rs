@@ -2,16 +2,35 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, DevicePtr};
+use megamoe_cuda::wait::{deadline_ns, DEFAULT_DEADLINE};
+use megamoe_cuda::{
+    jit, DeviceBuffer, Gpu, Kernel, LaunchConfig, Swizzle, TensorMap, TiledMap, TmaDtype,
+};
 
 use crate::error::{GemmError, Result};
-use crate::heuristics::{validate, GemmConfig, GemmProblem, Layout};
-use crate::kernel::THREADS;
+use crate::heuristics::{validate, GemmConfig, GemmProblem, Layout, OutDtype};
+use crate::kernel::{kernel_spec, THREADS};
 use crate::params::GroupedGemmParams;
-use crate::runtime::{encode_tma_2d, Gpu, Kernel, TmaElem};
 
-/// Default deadline of every device wait.
-pub const DEFAULT_TIMEOUT_NS: u64 = 5_000_000_000;
+/// A 2-D tiled map: `dims = [inner, outer]` elements, `row_bytes` between outer rows.
+fn map_2d(
+    dtype: TmaDtype,
+    address: u64,
+    dims: [u64; 2],
+    row_bytes: u64,
+    box_dims: [u32; 2],
+    swizzle: Swizzle,
+) -> Result<TensorMap> {
+    Ok(TiledMap {
+        dtype,
+        address,
+        dims: &dims,
+        strides: &[row_bytes],
+        box_dims: &box_dims,
+        swizzle,
+    }
+    .encode()?)
+}
 
 /// Device addresses of the operands (see `GemmOperands` in reference.rs for the layouts).
 #[derive(Clone, Copy, Debug)]
@@ -37,9 +56,10 @@ pub fn view_rows(problem: &GemmProblem, contiguous_rows: usize) -> usize {
 pub struct GroupedGemm {
     pub problem: GemmProblem,
     pub config: GemmConfig,
-    kernel: Arc<Kernel>,
+    pub compiled: Arc<jit::CompiledKernel>,
+    kernel: Kernel,
     params: GroupedGemmParams,
-    error: CudaSlice<u32>,
+    error: DeviceBuffer,
 }
 
 impl GroupedGemm {
@@ -70,63 +90,60 @@ impl GroupedGemm {
         if problem.n % config.block_n != 0 {
             return Err(GemmError::Shape {
                 arg: "n",
-                reason: format!("{} is not a multiple of BLOCK_N {}", problem.n, config.block_n),
+                reason: format!(
+                    "{} is not a multiple of BLOCK_N {}",
+                    problem.n, config.block_n
+                ),
             });
         }
         let (e, n, k, g) = (problem.experts, problem.n, problem.k, problem.group_size);
         let rows = view_rows(&problem, contiguous_rows).max(1);
         let kg = (k / g) as u64;
-        let tma_a = encode_tma_2d(
+        let tma_a = map_2d(
+            TmaDtype::U8,
             ptr.a,
-            TmaElem::U8,
             [k as u64, rows as u64],
             k as u64,
             [128, config.block_m as u32],
-            true,
+            Swizzle::B128,
         )?;
-        let tma_b = encode_tma_2d(
+        let tma_b = map_2d(
+            TmaDtype::U8,
             ptr.b,
-            TmaElem::U8,
             [k as u64, (e * n) as u64],
             k as u64,
             [128, config.block_n as u32],
-            true,
+            Swizzle::B128,
         )?;
         let (sa_inner, sa_outer) = match problem.layout {
             Layout::Contiguous { .. } => (rows as u64, kg),
             Layout::Masked { max_m } => (max_m as u64, e as u64 * kg),
         };
-        let tma_sa = encode_tma_2d(
+        let tma_sa = map_2d(
+            TmaDtype::F32,
             ptr.scale_a,
-            TmaElem::F32,
             [sa_inner, sa_outer],
             sa_inner * 4,
             [config.block_m as u32, (128 / g) as u32],
-            false,
+            Swizzle::None,
         )?;
         // Only the TMA-store epilogue reads it; the output's element size is 2 bytes then.
-        let tma_d = encode_tma_2d(
+        let tma_d = map_2d(
+            TmaDtype::Bf16,
             ptr.out,
-            TmaElem::Bf16,
             [n as u64, rows as u64],
             (n * problem.out.bytes()) as u64,
             [64, 64],
-            true,
+            Swizzle::B128,
         )?;
-        if config.tma_store && (config.masked || problem.out != crate::heuristics::OutDtype::Bf16) {
+        if config.tma_store && (config.masked || problem.out != OutDtype::Bf16) {
             return Err(GemmError::Shape {
                 arg: "config",
-                reason: "the TMA-store epilogue writes whole bf16 tiles of the contiguous layout".into(),
+                reason: "the TMA-store epilogue writes whole bf16 tiles of the contiguous layout"
+                    .into(),
             });
         }
-        let error = gpu
-            .stream
-            .alloc_zeros::<u32>(1)
-            .map_err(|source| GemmError::Driver {
-                step: "error word allocation",
-                source,
-            })?;
-        let error_ptr = error.device_ptr(&gpu.stream).0;
+        let error = gpu.alloc_zeroed(4)?;
         let params = GroupedGemmParams {
             tma_a,
             tma_b,
@@ -135,8 +152,8 @@ impl GroupedGemm {
             out: ptr.out,
             scale_b: ptr.scale_b,
             expert_rows: ptr.expert_rows,
-            error: error_ptr,
-            timeout_ns: DEFAULT_TIMEOUT_NS,
+            error: error.ptr(),
+            timeout_ns: deadline_ns(DEFAULT_DEADLINE),
             num_experts: e as u32,
             n: n as u32,
             k: k as u32,
@@ -147,39 +164,28 @@ impl GroupedGemm {
             group_m: config.group_m as u32,
             reserved: [0; 3],
         };
+        let compiled = jit::compile(&kernel_spec(&config))?;
         Ok(GroupedGemm {
             problem,
             config,
-            kernel: gpu.kernel(&config)?,
+            kernel: gpu.load(&compiled)?,
+            compiled,
             params,
             error,
         })
     }
 
-    pub fn kernel(&self) -> &Kernel {
-        &self.kernel
-    }
-
     /// Enqueues the kernel on the GPU's stream.
     pub fn launch(&self, gpu: &Gpu) -> Result<()> {
-        gpu.launch(
-            &self.kernel,
-            self.config.ctas as u32,
-            THREADS,
-            self.config.smem_bytes(),
-            &self.params,
-        )
+        let launch = LaunchConfig::new(self.config.ctas as u32, THREADS)
+            .with_dynamic_smem(self.config.smem_bytes() as u32);
+        Ok(gpu.launch(&self.kernel, &launch, &self.params)?)
     }
 
     /// Synchronises and turns an expired device wait into an error.
     pub fn check(&self, gpu: &Gpu) -> Result<()> {
-        let word = gpu
-            .stream
-            .clone_dtoh(&self.error)
-            .map_err(|source| GemmError::Driver {
-                step: "kernel execution",
-                source,
-            })?[0];
+        gpu.synchronize()?;
+        let word = self.error.download::<u32>()?[0];
         if word == 0 {
             return Ok(());
         }

@@ -123,7 +123,10 @@ pub fn max_stages(block_m: usize, block_n: usize, group_size: usize) -> usize {
 pub fn validate(p: &GemmProblem) -> Result<(), GemmError> {
     let bad = |arg: &'static str, reason: String| Err(GemmError::Shape { arg, reason });
     if p.experts == 0 || p.experts > MAX_EXPERTS {
-        return bad("experts", format!("{} is not in 1..={MAX_EXPERTS}", p.experts));
+        return bad(
+            "experts",
+            format!("{} is not in 1..={MAX_EXPERTS}", p.experts),
+        );
     }
     if p.n == 0 || p.n % 128 != 0 {
         return bad("n", format!("{} is not a positive multiple of 128", p.n));
@@ -132,7 +135,10 @@ pub fn validate(p: &GemmProblem) -> Result<(), GemmError> {
         return bad("k", format!("{} is not a positive multiple of 128", p.k));
     }
     if p.group_size != 64 && p.group_size != 128 {
-        return bad("group_size", format!("{} is neither 64 nor 128", p.group_size));
+        return bad(
+            "group_size",
+            format!("{} is neither 64 nor 128", p.group_size),
+        );
     }
     match p.layout {
         Layout::Contiguous { pad } if pad != 64 && pad != 128 => {
@@ -274,7 +280,11 @@ mod tests {
         for c in all_configs(132) {
             assert!(c.smem_bytes() <= MAX_SMEM_BYTES, "{c:?}");
             assert!(c.stages >= 4, "{c:?}");
-            assert!(smem_bytes(c.block_m, c.block_n, c.stages + 1, c.group_size) + 1024 > MAX_SMEM_BYTES || c.stages == MAX_STAGES);
+            assert!(
+                smem_bytes(c.block_m, c.block_n, c.stages + 1, c.group_size) + 1024
+                    > MAX_SMEM_BYTES
+                    || c.stages == MAX_STAGES
+            );
         }
     }
 
@@ -282,16 +292,31 @@ mod tests {
     fn bad_shapes_name_the_argument() {
         let mut p = problem(32, Layout::Contiguous { pad: 128 }, 128);
         p.k = 100;
-        assert!(matches!(choose(&p, 132), Err(GemmError::Shape { arg: "k", .. })));
+        assert!(matches!(
+            choose(&p, 132),
+            Err(GemmError::Shape { arg: "k", .. })
+        ));
         p.k = 4096;
         p.group_size = 32;
-        assert!(matches!(choose(&p, 132), Err(GemmError::Shape { arg: "group_size", .. })));
+        assert!(matches!(
+            choose(&p, 132),
+            Err(GemmError::Shape {
+                arg: "group_size",
+                ..
+            })
+        ));
         p.group_size = 64;
         p.layout = Layout::Masked { max_m: 30 };
-        assert!(matches!(choose(&p, 132), Err(GemmError::Shape { arg: "max_m", .. })));
+        assert!(matches!(
+            choose(&p, 132),
+            Err(GemmError::Shape { arg: "max_m", .. })
+        ));
         p.layout = Layout::Contiguous { pad: 64 };
         p.n = 384;
-        assert!(matches!(choose(&p, 132), Err(GemmError::Shape { arg: "n", .. })));
+        assert!(matches!(
+            choose(&p, 132),
+            Err(GemmError::Shape { arg: "n", .. })
+        ));
     }
 
     #[test]

@@ -11,7 +11,6 @@ pub mod heuristics;
 pub mod kernel;
 pub mod params;
 pub mod reference;
-pub mod runtime;
 pub mod testdata;
 
 pub use error::{GemmError, Result};

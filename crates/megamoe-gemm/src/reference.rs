@@ -4,22 +4,7 @@
 //! product is a multiple of 2^-18 and a 128-term sum stays below 2^25, so any order is exact),
 //! rounded to f32 once, and added into the running f32 sum as `fma(blocksum, sa·sb, sum)`.
 
-// Minimal e4m3 decoding for this crate; to be replaced by megamoe-core's numerics once they land.
-/// Value of an e4m3 (e4m3fn) byte; 0x7F and 0xFF are NaN.
-pub fn e4m3_to_f32(b: u8) -> f32 {
-    let sign = if b & 0x80 != 0 { -1.0f32 } else { 1.0 };
-    let exp = ((b >> 3) & 0xF) as i32;
-    let man = (b & 7) as f32;
-    if exp == 0xF && b & 7 == 7 {
-        return f32::NAN;
-    }
-    let mag = if exp == 0 {
-        man / 8.0 * 2f32.powi(-6)
-    } else {
-        (1.0 + man / 8.0) * 2f32.powi(exp - 7)
-    };
-    sign * mag
-}
+use megamoe_core::numerics::e4m3_to_f32;
 
 fn e4m3_table() -> [f64; 256] {
     let mut t = [0f64; 256];
@@ -92,16 +77,6 @@ pub fn diff(x: &[f32], y: &[f32]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn e4m3_decodes_known_values() {
-        assert_eq!(e4m3_to_f32(0x00), 0.0);
-        assert_eq!(e4m3_to_f32(0x38), 1.0);
-        assert_eq!(e4m3_to_f32(0x7E), 448.0);
-        assert_eq!(e4m3_to_f32(0xFE), -448.0);
-        assert_eq!(e4m3_to_f32(0x01), 2f32.powi(-9));
-        assert!(e4m3_to_f32(0x7F).is_nan());
-    }
 
     #[test]
     fn reference_promotes_each_group_with_its_scales() {

@@ -1,14 +1,13 @@
 //! Random operands for checks and benchmarks, the device copies, and the comparison with the
 //! CPU reference.
 
-use cudarc::driver::{CudaSlice, DevicePtr};
+use megamoe_cuda::{DeviceBuffer, Gpu};
 use rayon::prelude::*;
 
 use crate::error::{GemmError, Result};
 use crate::grouped::{view_rows, GemmPointers};
 use crate::heuristics::{GemmProblem, Layout, OutDtype};
 use crate::reference::{diff, reference_row, GemmOperands};
-use crate::runtime::Gpu;
 
 /// splitmix64: small, seedable, good enough for test data.
 pub struct Rng(u64);
@@ -47,12 +46,14 @@ fn random_e4m3(r: u64) -> u8 {
 }
 
 fn fill_e4m3(buf: &mut [u8], seed: u64) {
-    buf.par_chunks_mut(1 << 16).enumerate().for_each(|(i, chunk)| {
-        let mut rng = Rng::new(seed ^ (i as u64).wrapping_mul(0xA24B_AED4_963E_E407));
-        for x in chunk {
-            *x = random_e4m3(rng.next_u64());
-        }
-    });
+    buf.par_chunks_mut(1 << 16)
+        .enumerate()
+        .for_each(|(i, chunk)| {
+            let mut rng = Rng::new(seed ^ (i as u64).wrapping_mul(0xA24B_AED4_963E_E407));
+            for x in chunk {
+                *x = random_e4m3(rng.next_u64());
+            }
+        });
 }
 
 /// Host operands of one problem; padding rows (and masked rows past the count) are zero.
@@ -207,66 +208,50 @@ impl HostOperands {
 
 /// Device copies of the operands plus the output buffer.
 pub struct DeviceOperands {
-    pub a: CudaSlice<u8>,
-    pub scale_a: CudaSlice<f32>,
-    pub b: CudaSlice<u8>,
-    pub scale_b: CudaSlice<f32>,
-    pub expert_rows: CudaSlice<i32>,
-    pub out: CudaSlice<u8>,
-}
-
-fn upload_err(source: cudarc::driver::DriverError) -> GemmError {
-    GemmError::Driver {
-        step: "operand upload",
-        source,
-    }
+    pub a: DeviceBuffer,
+    pub scale_a: DeviceBuffer,
+    pub b: DeviceBuffer,
+    pub scale_b: DeviceBuffer,
+    pub expert_rows: DeviceBuffer,
+    pub out: DeviceBuffer,
 }
 
 impl DeviceOperands {
     pub fn upload(gpu: &Gpu, host: &HostOperands) -> Result<DeviceOperands> {
-        let s = &gpu.stream;
         let out_bytes = host.view_rows.max(1) * host.problem.n * host.problem.out.bytes();
         Ok(DeviceOperands {
-            a: s.clone_htod(&host.a).map_err(upload_err)?,
-            scale_a: s.clone_htod(&host.scale_a).map_err(upload_err)?,
-            b: s.clone_htod(&host.b).map_err(upload_err)?,
-            scale_b: s.clone_htod(&host.scale_b).map_err(upload_err)?,
-            expert_rows: s.clone_htod(&host.expert_rows).map_err(upload_err)?,
-            out: s.alloc_zeros::<u8>(out_bytes).map_err(upload_err)?,
+            a: gpu.alloc_from(&host.a)?,
+            scale_a: gpu.alloc_from(&host.scale_a)?,
+            b: gpu.alloc_from(&host.b)?,
+            scale_b: gpu.alloc_from(&host.scale_b)?,
+            expert_rows: gpu.alloc_from(&host.expert_rows)?,
+            out: gpu.alloc_zeroed(out_bytes)?,
         })
     }
 
-    pub fn pointers(&self, gpu: &Gpu) -> GemmPointers {
-        let s = &gpu.stream;
+    pub fn pointers(&self) -> GemmPointers {
         GemmPointers {
-            a: self.a.device_ptr(s).0,
-            scale_a: self.scale_a.device_ptr(s).0,
-            b: self.b.device_ptr(s).0,
-            scale_b: self.scale_b.device_ptr(s).0,
-            expert_rows: self.expert_rows.device_ptr(s).0,
-            out: self.out.device_ptr(s).0,
+            a: self.a.ptr(),
+            scale_a: self.scale_a.ptr(),
+            b: self.b.ptr(),
+            scale_b: self.scale_b.ptr(),
+            expert_rows: self.expert_rows.ptr(),
+            out: self.out.ptr(),
         }
     }
 
     /// Fills the output with NaN bytes so unwritten elements show.
-    pub fn poison_output(&mut self, gpu: &Gpu) -> Result<()> {
-        let ptr = self.out.device_ptr(&gpu.stream).0;
-        unsafe {
-            cudarc::driver::sys::cuMemsetD8Async(ptr, 0xFF, self.out.len(), gpu.stream.cu_stream())
-                .result()
-                .map_err(|source| GemmError::Driver {
-                    step: "output poison",
-                    source,
-                })
-        }
+    pub fn poison_output(&self) -> Result<()> {
+        Ok(self.out.memset(0xFF)?)
     }
 }
 
 /// Output element `i` of `bytes` as f32.
 fn out_value(bytes: &[u8], dtype: OutDtype, i: usize) -> f32 {
     match dtype {
-        OutDtype::Bf16 => half::bf16::from_bits(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]))
-            .to_f32(),
+        OutDtype::Bf16 => {
+            half::bf16::from_bits(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])).to_f32()
+        }
         OutDtype::F32 => f32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap()),
     }
 }

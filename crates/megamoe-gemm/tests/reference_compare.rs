@@ -26,7 +26,11 @@ fn reference_output(host: &HostOperands) -> Vec<u8> {
         };
         for r in 0..seg {
             let row = host.seg_start[ex] + r;
-            let values = if r < valid { host.reference(ex, r) } else { vec![0.0; n] };
+            let values = if r < valid {
+                host.reference(ex, r)
+            } else {
+                vec![0.0; n]
+            };
             for (c, v) in values.iter().enumerate() {
                 out[(row * n + c) * 4..(row * n + c + 1) * 4].copy_from_slice(&v.to_le_bytes());
             }
@@ -41,7 +45,10 @@ fn exact_reference_passes_and_corruptions_are_caught() {
         let host = HostOperands::random(problem(layout), &[3, 0, 5], 7).unwrap();
         let mut out = reference_output(&host);
         let c = compare(&host, &out, 1);
-        assert_eq!((c.diff, c.unwritten, c.overwritten, c.rows_checked), (0.0, 0, 0, 8));
+        assert_eq!(
+            (c.diff, c.unwritten, c.overwritten, c.rows_checked),
+            (0.0, 0, 0, 8)
+        );
 
         // A wrong value in expert 2's first row.
         let at = host.seg_start[2] * host.problem.n * 4;

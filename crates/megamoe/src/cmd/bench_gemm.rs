@@ -3,9 +3,9 @@
 
 use clap::{Args, ValueEnum};
 use megamoe_core::Preset;
-use megamoe_gemm::bench::run_case;
+use megamoe_cuda::Gpu;
+use megamoe_gemm::bench::{run_case, BenchOptions};
 use megamoe_gemm::heuristics::{GemmProblem, Layout, OutDtype};
-use megamoe_gemm::runtime::Gpu;
 use megamoe_gemm::testdata::group_sizes;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -63,7 +63,7 @@ const DEEPGEMM_US: &[(GemmShape, usize, f64)] = &[
     (GemmShape::L2, 1024, 1883.0),
 ];
 
-pub fn run(args: BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
+pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
     let preset = Preset::by_name(&args.preset)?;
     let s = preset.shape;
     let (n, k) = match args.shape {
@@ -71,12 +71,16 @@ pub fn run(args: BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
         GemmShape::L2 => (s.hidden, s.inter),
     };
     // SPEC §3 step 3: the intermediate's scale group.
-    let l2_group = if s.hidden % 512 == 0 && (2 * s.inter) % 512 == 0 { 128 } else { 64 };
+    let l2_group = if s.hidden % 512 == 0 && (2 * s.inter) % 512 == 0 {
+        128
+    } else {
+        64
+    };
     let group_size = match args.shape {
         GemmShape::L1 => 128,
         GemmShape::L2 => l2_group,
     };
-    let gpu = Gpu::open(0)?;
+    let gpu = Gpu::new(0)?;
     println!(
         "| shape | layout | rows/expert | kernel | µs (min–max) | TFLOP/s | floor µs | ×floor | weight floor µs | DeepGEMM µs | diff |"
     );
@@ -85,8 +89,12 @@ pub fn run(args: BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
         let rows = group_sizes(args.experts, mean, args.seed ^ mean as u64);
         let max_rows = *rows.iter().max().unwrap_or(&0);
         let layout = match args.layout {
-            GemmLayout::Contiguous => Layout::Contiguous { pad: if mean <= 64 { 64 } else { 128 } },
-            GemmLayout::Masked => Layout::Masked { max_m: max_rows.div_ceil(4).max(1) * 4 },
+            GemmLayout::Contiguous => Layout::Contiguous {
+                pad: if mean <= 64 { 64 } else { 128 },
+            },
+            GemmLayout::Masked => Layout::Masked {
+                max_m: max_rows.div_ceil(4).max(1) * 4,
+            },
         };
         let problem = GemmProblem {
             experts: args.experts,
@@ -97,7 +105,13 @@ pub fn run(args: BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
             out: OutDtype::Bf16,
             rows_per_expert: mean,
         };
-        let r = run_case(&gpu, problem, &rows, args.seed, 3, args.iters, args.block_n, args.direct_store)?;
+        let opts = BenchOptions {
+            warmup: 3,
+            iters: args.iters,
+            block_n: args.block_n,
+            direct_store: args.direct_store,
+        };
+        let r = run_case(&gpu, problem, &rows, args.seed, &opts)?;
         let deepgemm = DEEPGEMM_US
             .iter()
             .find(|(sh, m, _)| {
@@ -127,7 +141,11 @@ pub fn run(args: BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
             if r.unwritten > 0 { " UNWRITTEN" } else { "" }
         );
         if r.diff > 1e-4 || r.unwritten > 0 || r.diff.is_nan() {
-            return Err(format!("{:?} {} rows: diff {:.2e}, {} bad rows", args.shape, mean, r.diff, r.unwritten).into());
+            return Err(format!(
+                "{:?} {} rows: diff {:.2e}, {} bad rows",
+                args.shape, mean, r.diff, r.unwritten
+            )
+            .into());
         }
         if let Some(path) = &args.json_out {
             use std::io::Write;
@@ -137,7 +155,10 @@ pub fn run(args: BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
                 "us": r.median_us, "tflops": r.tflops, "floor_us": r.floor_us,
                 "weight_floor_us": r.weight_floor_us, "deepgemm_us": deepgemm, "kernel": r.kernel,
             });
-            let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)?;
             writeln!(f, "{line}")?;
         }
     }

@@ -1,12 +1,12 @@
 //! The grouped GEMM's GPU checks (every heuristic configuration against the CPU reference).
 
+use megamoe_cuda::Gpu;
 use megamoe_gemm::checks::gpu_checks;
-use megamoe_gemm::runtime::Gpu;
 
 pub fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let gpu = Gpu::open(0)?;
+    let gpu = Gpu::new(0)?;
     let mut failed = 0;
-    for check in gpu_checks(gpu.sms) {
+    for check in gpu_checks(gpu.props().sm_count as usize) {
         match (check.run)(&gpu) {
             Ok(summary) => println!("ok    {}: {summary}", check.name),
             Err(why) => {

@@ -39,7 +39,7 @@ pub struct GemmPointers {
     pub scale_a: u64,
     pub b: u64,
     pub scale_b: u64,
-    /// i32 [E]: padded segment sizes (contiguous) or valid rows (masked).
+    /// i32 `[E]`: padded segment sizes (contiguous) or valid rows (masked).
     pub expert_rows: u64,
     pub out: u64,
 }

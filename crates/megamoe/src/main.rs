@@ -25,6 +25,19 @@ enum Command {
     Run(cmd::run::RunArgs),
     /// Symmetric-buffer sizes (split vs fused) and the schedule of one preset.
     Plan(cmd::plan::PlanArgs),
+    /// Benchmarks next to their floors.
+    Bench {
+        #[command(subcommand)]
+        what: Bench,
+    },
+    /// GPU correctness checks (the grouped GEMM's, in this build).
+    Selftest,
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// FP8 grouped GEMM (L1 or L2 of one MoE layer) with the floor and DeepGEMM's time.
+    Gemm(cmd::bench_gemm::BenchGemmArgs),
 }
 
 fn main() -> ExitCode {
@@ -32,6 +45,10 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Run(args) => cmd::run::run(args),
         Command::Plan(args) => cmd::plan::run(args),
+        Command::Bench {
+            what: Bench::Gemm(args),
+        } => cmd::bench_gemm::run(args),
+        Command::Selftest => cmd::selftest_gemm::run(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

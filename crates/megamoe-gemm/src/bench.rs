@@ -36,6 +36,8 @@ pub struct BenchOptions {
     pub block_n: Option<usize>,
     /// Stores tiles straight from registers instead of through TMA.
     pub direct_store: bool,
+    /// Another `group_m` than the heuristic's.
+    pub group_m: Option<usize>,
 }
 
 /// Checks sampled rows (first and last of every expert, every element for poison), then times
@@ -59,6 +61,15 @@ pub fn run_case(
     }
     if opts.direct_store {
         config.tma_store = false;
+    }
+    if let Some(group_m) = opts.group_m {
+        if group_m == 0 {
+            return Err(GemmError::Shape {
+                arg: "group_m",
+                reason: "0 m-blocks per group".into(),
+            });
+        }
+        config.group_m = group_m;
     }
     let host = HostOperands::random(problem, rows, seed)?;
     let dev = DeviceOperands::upload(gpu, &host)?;

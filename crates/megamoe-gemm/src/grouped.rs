@@ -74,10 +74,14 @@ impl GroupedGemm {
     ) -> Result<GroupedGemm> {
         validate(&problem)?;
         if let Layout::Contiguous { pad } = problem.layout {
-            if pad % config.block_m != 0 {
+            if pad % config.row_granularity() != 0 {
                 return Err(GemmError::Shape {
                     arg: "pad",
-                    reason: format!("{pad} is not a multiple of BLOCK_M {}", config.block_m),
+                    reason: format!(
+                        "{pad} is not a multiple of {} rows, the granularity of {}",
+                        config.row_granularity(),
+                        config.kernel_name()
+                    ),
                 });
             }
             if contiguous_rows % pad != 0 {

@@ -4,8 +4,10 @@
 //! 128 x 256 (warpgroups split the rows, two waves each) for prefill-sized groups, because every
 //! K block then moves 48 KiB through shared memory for 8.4 MFLOP instead of 32 KiB for 4.2;
 //! 128 x 128 when N is not a multiple of 256; and 64 x 256 (warpgroups split the columns) when
-//! experts hold few rows, where a 128-row block would mostly multiply padding. Stages fill the
-//! shared memory; the grid is one CTA per SM.
+//! experts hold few rows, where a 128-row block would mostly multiply padding. The 128 x 256
+//! kernel computes an expert's last m-block as a 64 x 256 half tile when at most 64 rows remain,
+//! so it takes segments padded to 64 rows (`Layout::Contiguous { pad: 64 }`, the least padding)
+//! as well as 128. Stages fill the shared memory; the grid is one CTA per SM.
 
 use crate::error::GemmError;
 
@@ -76,6 +78,16 @@ pub struct GemmConfig {
 }
 
 impl GemmConfig {
+    /// Rows a contiguous segment must be padded to for this kernel: 64 for the 128 x 256 tile
+    /// (its half tiles, `kHalfTiles` in scheduler/tile_scheduler.cuh), else BLOCK_M.
+    pub fn row_granularity(&self) -> usize {
+        if self.block_m == 128 && self.block_n == 256 {
+            64
+        } else {
+            self.block_m
+        }
+    }
+
     /// Dynamic shared memory of the launch, including the 1 KiB alignment slack.
     pub fn smem_bytes(&self) -> usize {
         smem_bytes(self.block_m, self.block_n, self.stages, self.group_size) + 1024
@@ -164,14 +176,13 @@ pub fn choose(p: &GemmProblem, sms: usize) -> Result<GemmConfig, GemmError> {
         Layout::Masked { .. } => true,
     };
     let small = p.rows_per_expert <= 64 && p.n % 256 == 0 && pad_allows_64;
-    let (block_m, block_n) = if small || !pad_allows_128 {
-        if p.n % 256 != 0 {
-            return Err(GemmError::Shape {
-                arg: "n",
-                reason: format!("{} must be a multiple of 256 with 64-row segments", p.n),
-            });
-        }
+    let (block_m, block_n) = if small {
         (64, 256)
+    } else if !pad_allows_128 && p.n % 256 != 0 {
+        return Err(GemmError::Shape {
+            arg: "n",
+            reason: format!("{} must be a multiple of 256 with 64-row segments", p.n),
+        });
     } else if p.n % 256 == 0 {
         (128, 256)
     } else {
@@ -270,9 +281,15 @@ mod tests {
     }
 
     #[test]
-    fn segments_padded_to_64_force_64_row_blocks() {
+    fn segments_padded_to_64_use_half_tiles_of_the_128_row_kernel() {
         let c = choose(&problem(1024, Layout::Contiguous { pad: 64 }, 128), 132).unwrap();
-        assert_eq!(c.block_m, 64);
+        assert_eq!((c.block_m, c.block_n, c.row_granularity()), (128, 256, 64));
+        let c = choose(&problem(32, Layout::Contiguous { pad: 64 }, 128), 132).unwrap();
+        assert_eq!((c.block_m, c.row_granularity()), (64, 64));
+        let mut narrow = problem(1024, Layout::Contiguous { pad: 128 }, 128);
+        narrow.n = 384;
+        let c = choose(&narrow, 132).unwrap();
+        assert_eq!((c.block_m, c.block_n, c.row_granularity()), (128, 128, 128));
     }
 
     #[test]

@@ -46,6 +46,13 @@ pub struct BenchGemmArgs {
     /// Stores tiles straight from registers instead of through TMA (tuning knob).
     #[arg(long)]
     pub direct_store: bool,
+    /// Contiguous segment padding (64 or 128); a comma-separated list runs each size once per
+    /// padding, interleaved.
+    #[arg(long, value_delimiter = ',', default_value = "64")]
+    pub pad: Vec<usize>,
+    /// m-blocks of one expert walked together per n-block (overrides the heuristic's).
+    #[arg(long)]
+    pub group_m: Option<usize>,
     /// Appends one JSON line per case (group sizes included) for the torch comparison script.
     #[arg(long)]
     pub json_out: Option<std::path::PathBuf>,
@@ -85,13 +92,19 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
         "| shape | layout | rows/expert | kernel | µs (min–max) | TFLOP/s | floor µs | ×floor | weight floor µs | DeepGEMM µs | diff |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
-    for &mean in &args.rows_per_expert {
+    let pads = match args.layout {
+        GemmLayout::Contiguous => args.pad.clone(),
+        GemmLayout::Masked => vec![0],
+    };
+    let cases = args
+        .rows_per_expert
+        .iter()
+        .flat_map(|&mean| pads.iter().map(move |&pad| (mean, pad)));
+    for (mean, pad) in cases {
         let rows = group_sizes(args.experts, mean, args.seed ^ mean as u64);
         let max_rows = *rows.iter().max().unwrap_or(&0);
         let layout = match args.layout {
-            GemmLayout::Contiguous => Layout::Contiguous {
-                pad: if mean <= 64 { 64 } else { 128 },
-            },
+            GemmLayout::Contiguous => Layout::Contiguous { pad },
             GemmLayout::Masked => Layout::Masked {
                 max_m: max_rows.div_ceil(4).max(1) * 4,
             },
@@ -110,6 +123,7 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
             iters: args.iters,
             block_n: args.block_n,
             direct_store: args.direct_store,
+            group_m: args.group_m,
         };
         let r = run_case(&gpu, problem, &rows, args.seed, &opts)?;
         let deepgemm = DEEPGEMM_US
@@ -124,9 +138,12 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
             .map(|d| format!("{:.0}", d.2))
             .unwrap_or_else(|| "–".into());
         println!(
-            "| {:?} | {:?} | {} | {} | {:.1} ({:.1}–{:.1}) | {:.0} | {:.1} | {:.2} | {:.1} | {} | {:.1e}{} |",
+            "| {:?} | {} | {} | {} | {:.1} ({:.1}–{:.1}) | {:.0} | {:.1} | {:.2} | {:.1} | {} | {:.1e}{} |",
             args.shape,
-            args.layout,
+            match layout {
+                Layout::Contiguous { pad } => format!("contiguous pad {pad}"),
+                Layout::Masked { .. } => "masked".into(),
+            },
             mean,
             r.kernel,
             r.median_us,
@@ -150,7 +167,7 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
         if let Some(path) = &args.json_out {
             use std::io::Write;
             let line = serde_json::json!({
-                "shape": format!("{:?}", args.shape), "layout": format!("{:?}", args.layout),
+                "shape": format!("{:?}", args.shape), "layout": format!("{:?}", args.layout), "pad": pad,
                 "rows_per_expert": mean, "n": n, "k": k, "group_sizes": rows,
                 "us": r.median_us, "tflops": r.tflops, "floor_us": r.floor_us,
                 "weight_floor_us": r.weight_floor_us, "deepgemm_us": deepgemm, "kernel": r.kernel,

@@ -3,6 +3,8 @@
 // contributes ceil(rows / BLOCK_M) * (N / BLOCK_N) tiles, so empty experts cost nothing and the
 // work is balanced whatever the per-expert counts. Inside an expert, groups of `group_m`
 // m-blocks are walked n-block by n-block so concurrent CTAs share each weight tile through L2.
+// In 128 x 256 kernels the last m-block of an expert is a half tile when at most 64 of its rows
+// remain: segments padded to 64 rows then cost 64-row granularity, not 128.
 #pragma once
 #include <megamoe_gemm/ptx/types.cuh>
 
@@ -12,10 +14,13 @@ struct Tile {
     u32 n0;          // first output column
     u32 a_row;       // first row in the 2-D views of A and the output
     u32 rows_valid;  // rows of this tile that hold results (<= BLOCK_M)
+    bool half;       // only the first 64 rows are computed (see kHalfTiles)
 };
 
 template <int BLOCK_M, int BLOCK_N, bool kMasked>
 struct TileScheduler {
+    // Mirrored by `GemmConfig::row_granularity` in src/heuristics.rs.
+    static constexpr bool kHalfTiles = BLOCK_M == 128 && BLOCK_N == 256;
     const i32* rows;  // per-expert rows, in shared memory
     u32 num_experts;
     u32 n_blocks;
@@ -60,7 +65,9 @@ struct TileScheduler {
         t.n0 = (within / gm) * BLOCK_N;
         const u32 m0 = t.m_block * BLOCK_M;
         t.a_row = (kMasked ? expert * max_m : expert_row0) + m0;
-        t.rows_valid = min(static_cast<u32>(BLOCK_M), static_cast<u32>(rows[expert]) - m0);
+        const u32 rows_left = static_cast<u32>(rows[expert]) - m0;
+        t.rows_valid = min(static_cast<u32>(BLOCK_M), rows_left);
+        t.half = kHalfTiles && rows_left <= 64;
         return true;
     }
 };

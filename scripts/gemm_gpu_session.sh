@@ -1,7 +1,8 @@
 #!/bin/bash
 # The grouped GEMM's GPU session: selftest (every configuration against the CPU reference), the
-# benchmark table (flash L1/L2, 32/192/512/1024 rows per expert, segments padded to 128 and to
-# 64 rows interleaved per size, masked at 32), a group_m sweep, and torch._scaled_grouped_mm on
+# benchmark table (flash L1/L2, 32/192/512/1024 rows per expert; single CTAs and 2-CTA clusters
+# interleaved per size; half tiles on segments padded to 64; masked at 32), half-tile
+# diagnostics, 1000-iteration runs of single CTAs and clusters, and torch._scaled_grouped_mm on
 # the same group sizes, short table last. SM clock and power are logged every 200 ms meanwhile.
 # usage: [NO_TORCH=1] scripts/gemm_gpu_session.sh MEGAMOE_BINARY OUT_DIR
 set -u
@@ -25,20 +26,33 @@ echo "selftest: $(grep -c '^ok' "$out/selftest.txt") ok, $(grep -c '^FAIL' "$out
 grep -E '^FAIL|error' "$out/selftest.txt"
 for shape in l1 l2; do
   stamp "bench $shape"
-  timeout 110 "$bin" bench gemm --shape "$shape" --rows-per-expert 32,192,512,1024 --pad 128,64 \
+  timeout 40 "$bin" bench gemm --shape "$shape" --rows-per-expert 32 --pad 64 \
     --json-out "$out/results.jsonl" 2>&1 | tee -a "$out/bench.txt"
+  timeout 100 "$bin" bench gemm --shape "$shape" --rows-per-expert 192,512,1024 --pad 128 \
+    --cluster-m 1,2 --json-out "$out/results.jsonl" 2>&1 | grep -E '^\| L|error' | tee -a "$out/bench.txt"
+  stamp "half tiles $shape"
+  timeout 60 "$bin" bench gemm --shape "$shape" --rows-per-expert 192,512 --pad 64 2>&1 \
+    | grep -E '^\| L|error' | tee -a "$out/bench.txt"
   stamp "masked $shape"
   timeout 40 "$bin" bench gemm --shape "$shape" --layout masked --rows-per-expert 32 \
     --json-out "$out/results.jsonl" 2>&1 | grep -E '^\| L|error' | tee -a "$out/bench.txt"
 done
-for gm in 4 16; do
-  stamp "group_m $gm"
-  timeout 40 "$bin" bench gemm --shape l1 --rows-per-expert 512,1024 --group-m "$gm" 2>&1 \
-    | grep -E '^\| L|error' | sed "s/^/group_m $gm /" | tee -a "$out/bench_group_m.txt"
+# Where the time of a half tile goes (L1, 192 rows per expert).
+diag() {
+  stamp "diag $1"
+  timeout 40 "$bin" bench gemm --shape l1 --rows-per-expert 192 "${@:2}" 2>&1 | grep -E '^\| L|error' \
+    | sed "s/^/$1 /" | tee -a "$out/bench_diag.txt"
+}
+diag half-wg0 --pad 64 --half-tile-mode 2
+diag half-split-direct --pad 64 --direct-store
+diag half-as-full-direct --pad 64 --half-tile-mode 1 --direct-store
+diag pad128-direct --pad 128 --direct-store
+diag m64-tiles --pad 64 --block-m 64
+for c in 1 2; do
+  stamp "sustained c$c"
+  timeout 40 "$bin" bench gemm --shape l1 --rows-per-expert 1024 --pad 128 --cluster-m $c --iters 1000 2>&1 \
+    | grep -E '^\| L|error' | sed "s/^/1000 iterations /" | tee -a "$out/bench_sustained.txt"
 done
-stamp sustained
-timeout 40 "$bin" bench gemm --shape l1 --rows-per-expert 1024 --iters 1000 2>&1 \
-  | grep -E '^\| L|error' | sed "s/^/1000 iterations /" | tee -a "$out/bench_sustained.txt"
 stamp done
 kill "$clocks" "$reasons"
 python3 - "$out" <<'PY'

@@ -4,7 +4,7 @@ use megamoe_cuda::Gpu;
 
 use crate::error::{GemmError, Result};
 use crate::grouped::GroupedGemm;
-use crate::heuristics::{choose, with_block_n, GemmProblem};
+use crate::heuristics::{choose, with_block_n, with_cluster, GemmProblem};
 use crate::testdata::{compare, DeviceOperands, HostOperands};
 
 /// Measured FP8 dense peak of our H200 (ANCHORS.md).
@@ -38,6 +38,12 @@ pub struct BenchOptions {
     pub direct_store: bool,
     /// Another `group_m` than the heuristic's.
     pub group_m: Option<usize>,
+    /// Another half-tile mode (see `GemmConfig::half_tile_mode`).
+    pub half_tile_mode: u32,
+    /// Another BLOCK_M than the heuristic's.
+    pub block_m: Option<usize>,
+    /// CTAs per cluster sharing the weight tile (see `GemmConfig::cluster_m`).
+    pub cluster_m: Option<usize>,
 }
 
 /// Checks sampled rows (first and last of every expert, every element for poison), then times
@@ -50,6 +56,11 @@ pub fn run_case(
     opts: &BenchOptions,
 ) -> Result<BenchResult> {
     let mut config = choose(&problem, gpu.props().sm_count as usize)?;
+    config.half_tile_mode = opts.half_tile_mode;
+    if let Some(bm) = opts.block_m {
+        config.block_m = bm;
+        config.stages = crate::heuristics::max_stages(bm, config.block_n, config.group_size);
+    }
     if let Some(bn) = opts.block_n {
         config = with_block_n(config, &problem, bn).ok_or_else(|| GemmError::Shape {
             arg: "block_n",
@@ -57,6 +68,12 @@ pub fn run_case(
                 "{bn} is not a tile width for BLOCK_M {} and N {}",
                 config.block_m, problem.n
             ),
+        })?;
+    }
+    if let Some(cm) = opts.cluster_m {
+        config = with_cluster(config, &problem, cm).ok_or_else(|| GemmError::Shape {
+            arg: "cluster_m",
+            reason: format!("no {cm}-CTA cluster variant of {}", config.kernel_name()),
         })?;
     }
     if opts.direct_store {

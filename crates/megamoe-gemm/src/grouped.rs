@@ -91,6 +91,21 @@ impl GroupedGemm {
                 });
             }
         }
+        if config.cluster_m > 1
+            && (problem.n % (config.cluster_m * config.block_n) != 0
+                || config.ctas % config.cluster_m != 0)
+        {
+            return Err(GemmError::Shape {
+                arg: "n",
+                reason: format!(
+                    "clusters of {} need N ({}) a multiple of {} and an even grid ({})",
+                    config.cluster_m,
+                    problem.n,
+                    config.cluster_m * config.block_n,
+                    config.ctas
+                ),
+            });
+        }
         if problem.n % config.block_n != 0 {
             return Err(GemmError::Shape {
                 arg: "n",
@@ -111,12 +126,13 @@ impl GroupedGemm {
             [128, config.block_m as u32],
             Swizzle::B128,
         )?;
+        // Clusters load the weight tile in halves (pipeline/tma_producer.cuh).
         let tma_b = map_2d(
             TmaDtype::U8,
             ptr.b,
             [k as u64, (e * n) as u64],
             k as u64,
-            [128, config.block_n as u32],
+            [128, (config.block_n / config.cluster_m) as u32],
             Swizzle::B128,
         )?;
         let (sa_inner, sa_outer) = match problem.layout {
@@ -166,7 +182,8 @@ impl GroupedGemm {
                 Layout::Contiguous { .. } => 0,
             },
             group_m: config.group_m as u32,
-            reserved: [0; 3],
+            half_tile_mode: config.half_tile_mode,
+            reserved: [0; 2],
         };
         let compiled = jit::compile(&kernel_spec(&config))?;
         Ok(GroupedGemm {
@@ -181,8 +198,11 @@ impl GroupedGemm {
 
     /// Enqueues the kernel on the GPU's stream.
     pub fn launch(&self, gpu: &Gpu) -> Result<()> {
-        let launch = LaunchConfig::new(self.config.ctas as u32, THREADS)
+        let mut launch = LaunchConfig::new(self.config.ctas as u32, THREADS)
             .with_dynamic_smem(self.config.smem_bytes() as u32);
+        if self.config.cluster_m > 1 {
+            launch = launch.with_cluster(self.config.cluster_m as u32, 1, 1);
+        }
         Ok(gpu.launch(&self.kernel, &launch, &self.params)?)
     }
 

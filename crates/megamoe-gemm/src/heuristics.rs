@@ -74,6 +74,11 @@ pub struct GemmConfig {
     pub tma_store: bool,
     /// m-blocks of one expert walked together per n-block.
     pub group_m: usize,
+    /// How half tiles run (0: split by columns, 1: as full tiles, 2: warpgroup 0 alone).
+    pub half_tile_mode: u32,
+    /// CTAs per cluster: 2 pairs CTAs on m-blocks 2i, 2i + 1 of one expert and n-block, each
+    /// loading half the weight tile and multicasting it to both (128 x 256 tiles only).
+    pub cluster_m: usize,
     pub ctas: usize,
 }
 
@@ -81,7 +86,7 @@ impl GemmConfig {
     /// Rows a contiguous segment must be padded to for this kernel: 64 for the 128 x 256 tile
     /// (its half tiles, `kHalfTiles` in scheduler/tile_scheduler.cuh), else BLOCK_M.
     pub fn row_granularity(&self) -> usize {
-        if self.block_m == 128 && self.block_n == 256 {
+        if self.block_m == 128 && self.block_n == 256 && self.cluster_m == 1 {
             64
         } else {
             self.block_m
@@ -96,7 +101,7 @@ impl GemmConfig {
     /// The kernel symbol of this instantiation.
     pub fn kernel_name(&self) -> String {
         format!(
-            "grouped_gemm_fp8_m{}_n{}_s{}_g{}_{}_{}{}",
+            "grouped_gemm_fp8_m{}_n{}_s{}_g{}_{}_{}{}{}",
             self.block_m,
             self.block_n,
             self.stages,
@@ -106,7 +111,12 @@ impl GemmConfig {
                 OutDtype::Bf16 => "bf16",
                 OutDtype::F32 => "f32",
             },
-            if self.tma_store { "_tma" } else { "" }
+            if self.tma_store { "_tma" } else { "" },
+            if self.cluster_m > 1 {
+                format!("_c{}", self.cluster_m)
+            } else {
+                String::new()
+            }
         )
     }
 }
@@ -197,6 +207,8 @@ pub fn choose(p: &GemmProblem, sms: usize) -> Result<GemmConfig, GemmError> {
         out: p.out,
         tma_store: tma_store_applies(matches!(p.layout, Layout::Masked { .. }), p.out),
         group_m: 8,
+        half_tile_mode: 0,
+        cluster_m: 1,
         ctas: sms,
     };
     if std::env::var_os("MEGAMOE_GEMM_LOG").is_some() {
@@ -219,10 +231,29 @@ pub fn with_block_n(config: GemmConfig, p: &GemmProblem, block_n: usize) -> Opti
     })
 }
 
-/// Every configuration `choose` can return, for compile-everything checks.
+/// `config` on clusters of `cluster_m` CTAs sharing the weight tile, or None where that does
+/// not exist (only 128 x 256 tiles, N a multiple of 2 · 256).
+pub fn with_cluster(config: GemmConfig, p: &GemmProblem, cluster_m: usize) -> Option<GemmConfig> {
+    let exists = cluster_m == 1
+        || (cluster_m == 2
+            && (config.block_m, config.block_n) == (128, 256)
+            && p.n % (cluster_m * config.block_n) == 0);
+    exists.then_some(GemmConfig {
+        cluster_m,
+        ctas: config.ctas - config.ctas % cluster_m,
+        ..config
+    })
+}
+
+/// Every configuration `choose` can return (and the clustered variants of the 128 x 256
+/// tile), for compile-everything checks.
 pub fn all_configs(sms: usize) -> Vec<GemmConfig> {
     let mut out = Vec::new();
-    for (block_m, block_n) in TILE_SHAPES {
+    for (block_m, block_n, cluster_m) in TILE_SHAPES
+        .map(|(m, n)| (m, n, 1))
+        .into_iter()
+        .chain([(128, 256, 2)])
+    {
         for group_size in [128, 64] {
             for masked in [false, true] {
                 for dtype in [OutDtype::Bf16, OutDtype::F32] {
@@ -239,7 +270,9 @@ pub fn all_configs(sms: usize) -> Vec<GemmConfig> {
                             out: dtype,
                             tma_store,
                             group_m: 8,
-                            ctas: sms,
+                            half_tile_mode: 0,
+                            cluster_m,
+                            ctas: sms - sms % cluster_m,
                         });
                     }
                 }

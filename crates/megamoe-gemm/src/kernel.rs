@@ -40,13 +40,14 @@ pub fn kernel_spec(config: &GemmConfig) -> KernelSpec {
         "#include <megamoe_gemm/impls/grouped_gemm.cuh>\n\
          extern \"C\" __global__ void __launch_bounds__({THREADS}, 1)\n\
          {name}(const __grid_constant__ GroupedGemmParams p) {{\n\
-         \x20   grouped_gemm_fp8<{bm}, {bn}, {stages}, {g}, {masked}, {epilogue}>(p);\n\
+         \x20   grouped_gemm_fp8<{bm}, {bn}, {stages}, {g}, {masked}, {cluster}, {epilogue}>(p);\n\
          }}\n",
         bm = config.block_m,
         bn = config.block_n,
         stages = config.stages,
         g = config.group_size,
         masked = config.masked,
+        cluster = config.cluster_m,
     );
     KernelSpec {
         name: name.clone(),

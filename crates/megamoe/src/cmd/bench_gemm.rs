@@ -53,6 +53,16 @@ pub struct BenchGemmArgs {
     /// m-blocks of one expert walked together per n-block (overrides the heuristic's).
     #[arg(long)]
     pub group_m: Option<usize>,
+    /// Half tiles: 0 split by columns, 1 computed as full tiles (direct store only), 2 warpgroup 0 alone.
+    #[arg(long, default_value_t = 0)]
+    pub half_tile_mode: u32,
+    /// Overrides the heuristic's BLOCK_M (tuning knob).
+    #[arg(long)]
+    pub block_m: Option<usize>,
+    /// CTAs per cluster sharing the weight tile (1 or 2; tuning knob); a comma-separated list
+    /// runs each case once per value, interleaved.
+    #[arg(long, value_delimiter = ',')]
+    pub cluster_m: Vec<usize>,
     /// Appends one JSON line per case (group sizes included) for the torch comparison script.
     #[arg(long)]
     pub json_out: Option<std::path::PathBuf>,
@@ -96,11 +106,20 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
         GemmLayout::Contiguous => args.pad.clone(),
         GemmLayout::Masked => vec![0],
     };
-    let cases = args
-        .rows_per_expert
-        .iter()
-        .flat_map(|&mean| pads.iter().map(move |&pad| (mean, pad)));
-    for (mean, pad) in cases {
+    let clusters: Vec<Option<usize>> = if args.cluster_m.is_empty() {
+        vec![None]
+    } else {
+        args.cluster_m.iter().map(|&c| Some(c)).collect()
+    };
+    let mut cases = Vec::new();
+    for &mean in &args.rows_per_expert {
+        for &pad in &pads {
+            for &cluster_m in &clusters {
+                cases.push((mean, pad, cluster_m));
+            }
+        }
+    }
+    for (mean, pad, cluster_m) in cases {
         let rows = group_sizes(args.experts, mean, args.seed ^ mean as u64);
         let max_rows = *rows.iter().max().unwrap_or(&0);
         let layout = match args.layout {
@@ -124,6 +143,9 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
             block_n: args.block_n,
             direct_store: args.direct_store,
             group_m: args.group_m,
+            half_tile_mode: args.half_tile_mode,
+            block_m: args.block_m,
+            cluster_m,
         };
         let r = run_case(&gpu, problem, &rows, args.seed, &opts)?;
         let deepgemm = DEEPGEMM_US
@@ -168,6 +190,7 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
             use std::io::Write;
             let line = serde_json::json!({
                 "shape": format!("{:?}", args.shape), "layout": format!("{:?}", args.layout), "pad": pad,
+                "cluster_m": cluster_m.unwrap_or(1),
                 "rows_per_expert": mean, "n": n, "k": k, "group_sizes": rows,
                 "us": r.median_us, "tflops": r.tflops, "floor_us": r.floor_us,
                 "weight_floor_us": r.weight_floor_us, "deepgemm_us": deepgemm, "kernel": r.kernel,

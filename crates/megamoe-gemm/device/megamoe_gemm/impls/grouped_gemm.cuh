@@ -1,5 +1,6 @@
 // FP8 block-scaled grouped GEMM y = x * W^T over experts (SPEC §3 steps 1 and 4), persistent and
 // warp-specialised: warpgroups 0 and 1 run the wgmma consumer, warpgroup 2 the TMA producer.
+// kClusterM = 2: clusters of two CTAs that share (multicast) the weight tile of a tile pair.
 // Instantiated per configuration by a generated translation unit (src/kernel.rs).
 #pragma once
 #include <megamoe_gemm/impls/grouped_gemm_params.cuh>
@@ -14,7 +15,8 @@ constexpr int kMathWarps = 8;
 constexpr u32 kProducerRegs = 40;
 constexpr u32 kConsumerRegs = 232;
 
-template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, bool kMasked, typename Epilogue>
+template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, bool kMasked, int kClusterM,
+          typename Epilogue>
 __device__ __forceinline__ void grouped_gemm_fp8(const GroupedGemmParams& p) {
     using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>;
     extern __shared__ u8 smem_raw[];
@@ -34,19 +36,25 @@ __device__ __forceinline__ void grouped_gemm_fp8(const GroupedGemmParams& p) {
 #pragma unroll
         for (int s = 0; s < kStages; ++s) {
             mbarrier_init(smem.full(s), 1);
-            mbarrier_init(smem.empty(s), kMathWarps);
+            mbarrier_init(smem.empty(s), kMathWarps * kClusterM);
         }
         fence_barrier_init();
     }
-    __syncthreads();
+    if constexpr (kClusterM > 1) {
+        cluster_sync();
+    } else {
+        __syncthreads();
+    }
 
     if (warp >= kMathWarps) {
         setmaxnreg_dec<kProducerRegs>();
         if (threadIdx.x == kMathWarps * 32) {
-            tma_producer<BLOCK_M, BLOCK_N, kStages, kGroupSize, kMasked>(p, smem);
+            tma_producer<BLOCK_M, BLOCK_N, kStages, kGroupSize, kMasked, kClusterM>(p, smem);
         }
     } else {
         setmaxnreg_inc<kConsumerRegs>();
-        wgmma_consumer<BLOCK_M, BLOCK_N, kStages, kGroupSize, kMasked, Epilogue>(p, smem, warp / 4);
+        wgmma_consumer<BLOCK_M, BLOCK_N, kStages, kGroupSize, kMasked, kClusterM, Epilogue>(p, smem,
+                                                                                          warp / 4);
     }
+    if constexpr (kClusterM > 1) cluster_sync();
 }

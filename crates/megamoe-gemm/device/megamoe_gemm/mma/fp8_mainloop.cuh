@@ -12,10 +12,22 @@
 
 using Fp8Mma = WgmmaM64N128K32E4M3;
 
+// A consumer warp is done with a stage: in a cluster pair either CTA's producer may write the
+// stage (its multicast half of the weight tile), so both are told.
+template <int kClusterM>
+__device__ __forceinline__ void release_stage(u64* empty) {
+    if constexpr (kClusterM == 1) {
+        mbarrier_arrive(empty);
+    } else {
+#pragma unroll
+        for (u32 cta = 0; cta < kClusterM; ++cta) mbarrier_arrive_cluster(empty, cta);
+    }
+}
+
 // The K loop of one tile for one warpgroup: rows a_off..a_off+63 of the A tile times columns
 // b_off..b_off + kWaves*128 of the B tile, one wave of m64n128 wgmmas per 128 columns, summed
 // into `sum` (kWaves * 64 f32 registers; the fresh accumulators take 64 more).
-template <int kWaves, int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize>
+template <int kWaves, int kClusterM, int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize>
 __device__ __forceinline__ void tile_k_loop(const GroupedGemmParams& p,
                                             const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>& smem,
                                             RingCursor<kStages>& ring, const Tile& t, u32 a_off,
@@ -73,7 +85,7 @@ __device__ __forceinline__ void tile_k_loop(const GroupedGemmParams& p,
 #pragma unroll
                 for (int i = 0; i < Mma::kAccum; ++i) wgmma_fence_operand(acc[i]);
                 if (g == kScaleCols - 1 && w == kWaves - 1 && lane == 0) {
-                    mbarrier_arrive(smem.empty(ring.stage));
+                    release_stage<kClusterM>(smem.empty(ring.stage));
                 }
                 const float s_lo = sa_lo[g] * sb[w];
                 const float s_hi = sa_hi[g] * sb[w];
@@ -87,12 +99,13 @@ __device__ __forceinline__ void tile_k_loop(const GroupedGemmParams& p,
     }
 }
 
-template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, bool kMasked, typename Epilogue>
+template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, bool kMasked, int kClusterM,
+          typename Epilogue>
 __device__ void wgmma_consumer(const GroupedGemmParams& p,
                                const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>& smem,
                                u32 wg) {
     using Mma = Fp8Mma;
-    using Sched = TileScheduler<BLOCK_M, BLOCK_N, kMasked>;
+    using Sched = TileScheduler<BLOCK_M, BLOCK_N, kMasked, kClusterM>;
     // BLOCK_M 128: the warpgroups split the rows; BLOCK_M 64: they split the columns. A
     // warpgroup's slice is 64 rows by kWaves * 128 columns. A half tile (the last <= 64 rows of
     // an expert in a 128 x 256 kernel) is split by columns like a 64 x 256 tile.
@@ -108,11 +121,31 @@ __device__ void wgmma_consumer(const GroupedGemmParams& p,
     Tile t;
     while (sched.next(t)) {
         if constexpr (Sched::kHalfTiles) {
-            if (t.half) {
+            if (t.half && p.half_tile_mode == 2) {
+                // Warpgroup 0 computes the 64 x 256 tile alone; warpgroup 1 only releases stages.
+                if (wg == 0) {
+                    float sum[kWaves][Mma::kAccum];
+                    tile_k_loop<kWaves, kClusterM>(p, smem, ring, t, 0, 0, sum);
+#pragma unroll
+                    for (int w = 0; w < kWaves; ++w) {
+                        Epilogue::store(p, smem.staging(wg), wg, t.a_row, t.n0 + w * Mma::kN,
+                                        t.rows_valid, sum[w]);
+                    }
+                } else {
+                    u32* error = reinterpret_cast<u32*>(p.error);
+                    for (u32 kb = 0; kb < p.k / 128; ++kb) {
+                        mbarrier_wait(smem.full(ring.stage), ring.phase, error, p.timeout_ns, kWaitFull);
+                        if (threadIdx.x % 32 == 0) release_stage<kClusterM>(smem.empty(ring.stage));
+                        ring.advance();
+                    }
+                }
+                continue;
+            }
+            if (t.half && p.half_tile_mode == 0) {
                 constexpr int kHalfWaves = kWaves / 2;
                 float sum[kHalfWaves][Mma::kAccum];
                 const u32 half_b_off = wg * kHalfWaves * Mma::kN;
-                tile_k_loop<kHalfWaves>(p, smem, ring, t, 0, half_b_off, sum);
+                tile_k_loop<kHalfWaves, kClusterM>(p, smem, ring, t, 0, half_b_off, sum);
 #pragma unroll
                 for (int w = 0; w < kHalfWaves; ++w) {
                     Epilogue::store(p, smem.staging(wg), wg, t.a_row, t.n0 + half_b_off + w * Mma::kN,
@@ -122,7 +155,7 @@ __device__ void wgmma_consumer(const GroupedGemmParams& p,
             }
         }
         float sum[kWaves][Mma::kAccum];
-        tile_k_loop<kWaves>(p, smem, ring, t, a_off, b_off, sum);
+        tile_k_loop<kWaves, kClusterM>(p, smem, ring, t, a_off, b_off, sum);
         const u32 rows_valid = t.rows_valid > a_off ? t.rows_valid - a_off : 0;
 #pragma unroll
         for (int w = 0; w < kWaves; ++w) {

@@ -1,20 +1,26 @@
-// The TMA producer: one thread fills the ring, stage by stage, for every tile of its CTA.
+// The TMA producer: one thread fills the ring, stage by stage, for every tile of its CTA. In a
+// cluster pair that shares the weight tile, each CTA loads one half of it (BLOCK_N / 2 rows)
+// and multicasts it into both CTAs' stage; otherwise the CTA loads both halves itself. Either
+// way each stage's full barrier receives the same bytes.
 #pragma once
 #include <megamoe_gemm/ptx/tma.cuh>
 #include <megamoe_gemm/layout/smem_layout.cuh>
 #include <megamoe_gemm/scheduler/tile_scheduler.cuh>
 #include <megamoe_gemm/impls/grouped_gemm_params.cuh>
 
-template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, bool kMasked>
+template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, bool kMasked, int kClusterM>
 __device__ void tma_producer(const GroupedGemmParams& p,
                              const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>& smem) {
     using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>;
     constexpr int kScaleCols = Layout::kScaleCols;
+    // Rows of the weight tile one TMA box holds (the map's box, set in src/grouped.rs).
+    constexpr u32 kBRowsPerLoad = BLOCK_N / kClusterM;
     u32* error = reinterpret_cast<u32*>(p.error);
     const u32 k_blocks = p.k / Layout::kBlockK;
     const u32 k_groups = p.k / kGroupSize;
 
-    TileScheduler<BLOCK_M, BLOCK_N, kMasked> sched(smem.rows(), p.num_experts, p.n, p.max_m, p.group_m);
+    TileScheduler<BLOCK_M, BLOCK_N, kMasked, kClusterM> sched(smem.rows(), p.num_experts, p.n,
+                                                              p.max_m, p.group_m);
     RingCursor<kStages> ring;
     Tile t;
     while (sched.next(t)) {
@@ -30,7 +36,18 @@ __device__ void tma_producer(const GroupedGemmParams& p,
             const i32 k0 = static_cast<i32>(kb * Layout::kBlockK);
             tma_load_2d(smem.a(ring.stage), &p.tma_a, full, k0, static_cast<i32>(t.a_row),
                         CacheHint::kEvictLast);
-            tma_load_2d(smem.b(ring.stage), &p.tma_b, full, k0, b_row, CacheHint::kEvictNormal);
+            if (kClusterM > 1 && t.shared_b) {
+                const u32 r = sched.rank;
+                tma_load_2d_multicast(smem.b(ring.stage) + r * kBRowsPerLoad * Layout::kBlockK, &p.tma_b,
+                                      full, k0, b_row + static_cast<i32>(r * kBRowsPerLoad),
+                                      (1u << kClusterM) - 1, CacheHint::kEvictNormal);
+            } else {
+#pragma unroll
+                for (int h = 0; h < kClusterM; ++h) {
+                    tma_load_2d(smem.b(ring.stage) + h * kBRowsPerLoad * Layout::kBlockK, &p.tma_b, full,
+                                k0, b_row + static_cast<i32>(h * kBRowsPerLoad), CacheHint::kEvictNormal);
+                }
+            }
             tma_load_2d(smem.sa(ring.stage), &p.tma_sa, full, sa_x,
                         sa_y0 + static_cast<i32>(kb * kScaleCols), CacheHint::kEvictLast);
             ring.advance();

@@ -26,6 +26,19 @@ __device__ __forceinline__ void mbarrier_arrive(u64* bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 
+// Arrives on the barrier at the same shared-memory offset in cluster CTA `cta` (which may be
+// this one).
+__device__ __forceinline__ void mbarrier_arrive_cluster(u64* bar, u32 cta) {
+    asm volatile(
+        "{\n"
+        ".reg .b32 remote;\n"
+        "mapa.shared::cluster.u32 remote, %0, %1;\n"
+        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
+        "}\n" ::"r"(smem_addr(bar)),
+        "r"(cta)
+        : "memory");
+}
+
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(u64* bar, u32 bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
                  "r"(bytes)

@@ -31,3 +31,29 @@ __device__ __forceinline__ u32 warp_index_uniform() {
     // Broadcast from lane 0 so the compiler knows the value is warp-uniform.
     return __shfl_sync(0xffffffffu, threadIdx.x / 32, 0);
 }
+
+// This CTA's rank in its cluster, the cluster's index and the number of clusters (x only).
+__device__ __forceinline__ u32 cluster_cta_rank() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+
+__device__ __forceinline__ u32 cluster_index() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
+    return r;
+}
+
+__device__ __forceinline__ u32 cluster_count() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(r));
+    return r;
+}
+
+// Every thread of every CTA of the cluster: barrier initialisation before a peer may signal
+// it, and no CTA leaving while a peer may still write its shared memory or arrive on it.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\n"
+                 "barrier.cluster.wait.acquire;" ::: "memory");
+}

@@ -24,6 +24,18 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const TmaDesc* desc, u64*
         : "memory");
 }
 
+// The same box into the same shared-memory offset of every cluster CTA in `cta_mask`, each
+// copy completing on the barrier at `bar`'s offset in its CTA.
+__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const TmaDesc* desc, u64* bar, i32 x,
+                                                      i32 y, u16 cta_mask, CacheHint hint) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+        ".L2::cache_hint [%0], [%1, {%3, %4}], [%2], %5, %6;" ::"r"(smem_addr(dst)),
+        "l"(reinterpret_cast<u64>(desc)), "r"(smem_addr(bar)), "r"(x), "r"(y), "h"(cta_mask),
+        "l"(static_cast<u64>(hint))
+        : "memory");
+}
+
 // Shared -> global; the source must be made visible to the async proxy first
 // (fence_proxy_async_shared in every writing thread, then a barrier).
 __device__ __forceinline__ void tma_store_2d(const TmaDesc* desc, const void* src, i32 x, i32 y) {

@@ -5,8 +5,15 @@
 // m-blocks are walked n-block by n-block so concurrent CTAs share each weight tile through L2.
 // In 128 x 256 kernels the last m-block of an expert is a half tile when at most 64 of its rows
 // remain: segments padded to 64 rows then cost 64-row granularity, not 128.
+//
+// With clusters of two CTAs (kClusterM = 2) the index space is one of tile pairs, cluster c
+// taking pairs c, c + clusters, ...: the two CTAs get m-blocks 2i and 2i + 1 of the same expert
+// and n-block (they share the weight tile, `shared_b`), and an expert's odd last m-block is
+// paired along N instead (n-blocks 2j and 2j + 1, nothing shared). Both CTAs of a cluster thus
+// always hold a tile, or both are done.
 #pragma once
 #include <megamoe_gemm/ptx/types.cuh>
+#include <megamoe_gemm/ptx/sync.cuh>
 
 struct Tile {
     u32 expert;
@@ -15,17 +22,21 @@ struct Tile {
     u32 a_row;       // first row in the 2-D views of A and the output
     u32 rows_valid;  // rows of this tile that hold results (<= BLOCK_M)
     bool half;       // only the first 64 rows are computed (see kHalfTiles)
+    bool shared_b;   // clusters: both CTAs multiply the same weight tile
 };
 
-template <int BLOCK_M, int BLOCK_N, bool kMasked>
+template <int BLOCK_M, int BLOCK_N, bool kMasked, int kClusterM>
 struct TileScheduler {
+    static_assert(kClusterM == 1 || kClusterM == 2, "single CTAs or pairs");
     // Mirrored by `GemmConfig::row_granularity` in src/heuristics.rs.
-    static constexpr bool kHalfTiles = BLOCK_M == 128 && BLOCK_N == 256;
+    static constexpr bool kHalfTiles = BLOCK_M == 128 && BLOCK_N == 256 && kClusterM == 1;
     const i32* rows;  // per-expert rows, in shared memory
     u32 num_experts;
     u32 n_blocks;
     u32 max_m;
     u32 group_m;
+    u32 rank;  // in the cluster
+    u32 stride;
 
     u32 next_tile;
     u32 expert = 0;
@@ -36,18 +47,27 @@ struct TileScheduler {
 
     __device__ TileScheduler(const i32* rows_, u32 num_experts_, u32 n, u32 max_m_, u32 group_m_)
         : rows(rows_), num_experts(num_experts_), n_blocks(n / BLOCK_N), max_m(max_m_),
-          group_m(group_m_), next_tile(blockIdx.x) {
+          group_m(group_m_) {
+        if constexpr (kClusterM == 1) {
+            rank = 0;
+            next_tile = blockIdx.x;
+            stride = gridDim.x;
+        } else {
+            rank = cluster_cta_rank();
+            next_tile = cluster_index();
+            stride = cluster_count();
+        }
         load_expert();
     }
 
     __device__ __forceinline__ void load_expert() {
         expert_m_blocks = (static_cast<u32>(rows[expert]) + BLOCK_M - 1) / BLOCK_M;
-        expert_tiles = expert_m_blocks * n_blocks;
+        expert_tiles = expert_m_blocks * n_blocks / kClusterM;
     }
 
     __device__ __forceinline__ bool next(Tile& t) {
         const u32 tile = next_tile;
-        next_tile += gridDim.x;
+        next_tile += stride;
         while (tile >= expert_first_tile + expert_tiles) {
             expert_first_tile += expert_tiles;
             if (!kMasked) expert_row0 += static_cast<u32>(rows[expert]);
@@ -55,14 +75,25 @@ struct TileScheduler {
             load_expert();
         }
         const u32 local = tile - expert_first_tile;
-        const u32 group_tiles = group_m * n_blocks;
-        const u32 group = local / group_tiles;
-        const u32 first_m = group * group_m;
-        const u32 gm = min(group_m, expert_m_blocks - first_m);
-        const u32 within = local - group * group_tiles;
+        // Units along M: m-blocks, or m-block pairs (the odd last m-block is handled below).
+        const u32 m_units = expert_m_blocks / kClusterM;
+        const u32 group_units = max(group_m / kClusterM, 1u);
         t.expert = expert;
-        t.m_block = first_m + within % gm;
-        t.n0 = (within / gm) * BLOCK_N;
+        if (local < m_units * n_blocks) {
+            const u32 group_tiles = group_units * n_blocks;
+            const u32 group = local / group_tiles;
+            const u32 first = group * group_units;
+            const u32 gm = min(group_units, m_units - first);
+            const u32 within = local - group * group_tiles;
+            t.m_block = (first + within % gm) * kClusterM + rank;
+            t.n0 = (within / gm) * BLOCK_N;
+            t.shared_b = kClusterM > 1;
+        } else {
+            const u32 j = local - m_units * n_blocks;
+            t.m_block = expert_m_blocks - 1;
+            t.n0 = (j * kClusterM + rank) * BLOCK_N;
+            t.shared_b = false;
+        }
         const u32 m0 = t.m_block * BLOCK_M;
         t.a_row = (kMasked ? expert * max_m : expert_row0) + m0;
         const u32 rows_left = static_cast<u32>(rows[expert]) - m0;

@@ -38,10 +38,6 @@ pub struct BenchOptions {
     pub direct_store: bool,
     /// Another `group_m` than the heuristic's.
     pub group_m: Option<usize>,
-    /// Another half-tile mode (see `GemmConfig::half_tile_mode`).
-    pub half_tile_mode: u32,
-    /// Another BLOCK_M than the heuristic's.
-    pub block_m: Option<usize>,
     /// CTAs per cluster sharing the weight tile (see `GemmConfig::cluster_m`).
     pub cluster_m: Option<usize>,
 }
@@ -56,11 +52,6 @@ pub fn run_case(
     opts: &BenchOptions,
 ) -> Result<BenchResult> {
     let mut config = choose(&problem, gpu.props().sm_count as usize)?;
-    config.half_tile_mode = opts.half_tile_mode;
-    if let Some(bm) = opts.block_m {
-        config.block_m = bm;
-        config.stages = crate::heuristics::max_stages(bm, config.block_n, config.group_size);
-    }
     if let Some(bn) = opts.block_n {
         config = with_block_n(config, &problem, bn).ok_or_else(|| GemmError::Shape {
             arg: "block_n",

@@ -57,16 +57,16 @@ pub fn check_config(
 }
 
 /// The small problem every configuration is checked on: 7 experts, among them an empty one
-/// and a one-row one, sizes that end mid-block, K long enough to wrap the ring twice. Segments
-/// are padded to the kernel's row granularity, so 128 x 256 kernels meet half tiles (64-row
-/// segments, a 192-row one) and segments starting off a 128-row boundary.
+/// and a one-row one, sizes that end mid-block, K long enough to wrap the ring twice; N = 512
+/// gives clusters both kinds of pairs (m-block pairs sharing the weight tile, and the odd last
+/// m-block paired along N).
 pub fn check_problem(config: &GemmConfig) -> (GemmProblem, Vec<usize>) {
     let rows = vec![37, 0, 1, 200, config.block_m, 129, 64];
     let layout = if config.masked {
         Layout::Masked { max_m: 200 }
     } else {
         Layout::Contiguous {
-            pad: config.row_granularity(),
+            pad: config.block_m,
         }
     };
     let problem = GemmProblem {

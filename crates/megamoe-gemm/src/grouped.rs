@@ -74,14 +74,10 @@ impl GroupedGemm {
     ) -> Result<GroupedGemm> {
         validate(&problem)?;
         if let Layout::Contiguous { pad } = problem.layout {
-            if pad % config.row_granularity() != 0 {
+            if pad % config.block_m != 0 {
                 return Err(GemmError::Shape {
                     arg: "pad",
-                    reason: format!(
-                        "{pad} is not a multiple of {} rows, the granularity of {}",
-                        config.row_granularity(),
-                        config.kernel_name()
-                    ),
+                    reason: format!("{pad} is not a multiple of BLOCK_M {}", config.block_m),
                 });
             }
             if contiguous_rows % pad != 0 {
@@ -182,8 +178,7 @@ impl GroupedGemm {
                 Layout::Contiguous { .. } => 0,
             },
             group_m: config.group_m as u32,
-            half_tile_mode: config.half_tile_mode,
-            reserved: [0; 2],
+            reserved: [0; 3],
         };
         let compiled = jit::compile(&kernel_spec(&config))?;
         Ok(GroupedGemm {

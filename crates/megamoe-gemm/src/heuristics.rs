@@ -4,10 +4,9 @@
 //! 128 x 256 (warpgroups split the rows, two waves each) for prefill-sized groups, because every
 //! K block then moves 48 KiB through shared memory for 8.4 MFLOP instead of 32 KiB for 4.2;
 //! 128 x 128 when N is not a multiple of 256; and 64 x 256 (warpgroups split the columns) when
-//! experts hold few rows, where a 128-row block would mostly multiply padding. The 128 x 256
-//! kernel computes an expert's last m-block as a 64 x 256 half tile when at most 64 rows remain,
-//! so it takes segments padded to 64 rows (`Layout::Contiguous { pad: 64 }`, the least padding)
-//! as well as 128. Stages fill the shared memory; the grid is one CTA per SM.
+//! experts hold few rows, where a 128-row block would mostly multiply padding. Stages fill the
+//! shared memory; the grid is one CTA per SM. The 128 x 256 tile also exists on clusters of two
+//! CTAs that multicast the weight tile (`cluster_m`, a benchmark knob, not chosen here).
 
 use crate::error::GemmError;
 
@@ -74,8 +73,6 @@ pub struct GemmConfig {
     pub tma_store: bool,
     /// m-blocks of one expert walked together per n-block.
     pub group_m: usize,
-    /// How half tiles run (0: split by columns, 1: as full tiles, 2: warpgroup 0 alone).
-    pub half_tile_mode: u32,
     /// CTAs per cluster: 2 pairs CTAs on m-blocks 2i, 2i + 1 of one expert and n-block, each
     /// loading half the weight tile and multicasting it to both (128 x 256 tiles only).
     pub cluster_m: usize,
@@ -83,16 +80,6 @@ pub struct GemmConfig {
 }
 
 impl GemmConfig {
-    /// Rows a contiguous segment must be padded to for this kernel: 64 for the 128 x 256 tile
-    /// (its half tiles, `kHalfTiles` in scheduler/tile_scheduler.cuh), else BLOCK_M.
-    pub fn row_granularity(&self) -> usize {
-        if self.block_m == 128 && self.block_n == 256 && self.cluster_m == 1 {
-            64
-        } else {
-            self.block_m
-        }
-    }
-
     /// Dynamic shared memory of the launch, including the 1 KiB alignment slack.
     pub fn smem_bytes(&self) -> usize {
         smem_bytes(self.block_m, self.block_n, self.stages, self.group_size) + 1024
@@ -186,13 +173,14 @@ pub fn choose(p: &GemmProblem, sms: usize) -> Result<GemmConfig, GemmError> {
         Layout::Masked { .. } => true,
     };
     let small = p.rows_per_expert <= 64 && p.n % 256 == 0 && pad_allows_64;
-    let (block_m, block_n) = if small {
+    let (block_m, block_n) = if small || !pad_allows_128 {
+        if p.n % 256 != 0 {
+            return Err(GemmError::Shape {
+                arg: "n",
+                reason: format!("{} must be a multiple of 256 with 64-row segments", p.n),
+            });
+        }
         (64, 256)
-    } else if !pad_allows_128 && p.n % 256 != 0 {
-        return Err(GemmError::Shape {
-            arg: "n",
-            reason: format!("{} must be a multiple of 256 with 64-row segments", p.n),
-        });
     } else if p.n % 256 == 0 {
         (128, 256)
     } else {
@@ -207,7 +195,6 @@ pub fn choose(p: &GemmProblem, sms: usize) -> Result<GemmConfig, GemmError> {
         out: p.out,
         tma_store: tma_store_applies(matches!(p.layout, Layout::Masked { .. }), p.out),
         group_m: 8,
-        half_tile_mode: 0,
         cluster_m: 1,
         ctas: sms,
     };
@@ -270,7 +257,6 @@ pub fn all_configs(sms: usize) -> Vec<GemmConfig> {
                             out: dtype,
                             tma_store,
                             group_m: 8,
-                            half_tile_mode: 0,
                             cluster_m,
                             ctas: sms - sms % cluster_m,
                         });
@@ -314,15 +300,25 @@ mod tests {
     }
 
     #[test]
-    fn segments_padded_to_64_use_half_tiles_of_the_128_row_kernel() {
+    fn segments_padded_to_64_force_64_row_blocks() {
         let c = choose(&problem(1024, Layout::Contiguous { pad: 64 }, 128), 132).unwrap();
-        assert_eq!((c.block_m, c.block_n, c.row_granularity()), (128, 256, 64));
-        let c = choose(&problem(32, Layout::Contiguous { pad: 64 }, 128), 132).unwrap();
-        assert_eq!((c.block_m, c.row_granularity()), (64, 64));
-        let mut narrow = problem(1024, Layout::Contiguous { pad: 128 }, 128);
-        narrow.n = 384;
-        let c = choose(&narrow, 132).unwrap();
-        assert_eq!((c.block_m, c.block_n, c.row_granularity()), (128, 128, 128));
+        assert_eq!(c.block_m, 64);
+    }
+
+    #[test]
+    fn clusters_exist_only_for_the_128_by_256_tile() {
+        let p = problem(512, Layout::Contiguous { pad: 128 }, 128);
+        let c = choose(&p, 133).unwrap();
+        assert_eq!(c.cluster_m, 1);
+        let c2 = with_cluster(c, &p, 2).unwrap();
+        assert_eq!((c2.cluster_m, c2.ctas), (2, 132));
+        assert!(c2.kernel_name().ends_with("_c2"));
+        let small = choose(&problem(32, Layout::Contiguous { pad: 64 }, 128), 132).unwrap();
+        assert!(with_cluster(small, &p, 2).is_none());
+        let mut odd = p;
+        odd.n = 768;
+        assert!(with_cluster(choose(&odd, 132).unwrap(), &odd, 2).is_none());
+        assert!(with_cluster(c, &p, 4).is_none());
     }
 
     #[test]

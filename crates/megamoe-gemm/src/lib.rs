@@ -6,9 +6,9 @@
 //! Operand layouts (what dispatch must produce):
 //! - activations: e4m3 rows, K bytes each. *Contiguous*: rows grouped by expert, each expert's
 //!   segment padded with zero rows to a multiple of `pad` (64 or 128); `expert_rows[e]` (i32)
-//!   holds the padded segment sizes. Pad 64 is the one to produce: every tile shape takes it
-//!   (the 128 × 256 kernel computes a 64-row last block as a half tile) and it wastes half the
-//!   rows of pad 128; pad 128 remains accepted, and is required when N is not a multiple of 256. *Masked*: `[E, max_m, K]`, `expert_rows[e]` the valid rows.
+//!   holds the padded segment sizes. Pad 128 for prefill-sized groups (pad 64 forces 64-row
+//!   tiles, and 64-row last blocks in 128-row tiles measured slower than the padding they save:
+//!   docs/PERF.md v4); pad 64 for decode-sized groups (≤ 64 rows per expert). *Masked*: `[E, max_m, K]`, `expert_rows[e]` the valid rows.
 //! - activation scales: f32, K-group-major (transposed, as the TMA loads them): contiguous
 //!   `[K/G, rows]`, masked `[E, K/G, max_m]`; padding rows have scale 0.
 //! - weights: e4m3 `[E, N, K]`; weight scales f32 `[E, N/128, K/128]`.

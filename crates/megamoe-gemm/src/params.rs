@@ -21,8 +21,7 @@ pub struct GroupedGemmParams {
     pub k: u32,
     pub max_m: u32,
     pub group_m: u32,
-    pub half_tile_mode: u32,
-    pub reserved: [u32; 2],
+    pub reserved: [u32; 3],
 }
 
 const _: () = assert!(std::mem::size_of::<GroupedGemmParams>() == 640);

@@ -46,19 +46,13 @@ pub struct BenchGemmArgs {
     /// Stores tiles straight from registers instead of through TMA (tuning knob).
     #[arg(long)]
     pub direct_store: bool,
-    /// Contiguous segment padding (64 or 128); a comma-separated list runs each size once per
-    /// padding, interleaved.
-    #[arg(long, value_delimiter = ',', default_value = "64")]
+    /// Contiguous segment padding (64 or 128; default 64 up to 64 rows per expert, else 128); a
+    /// comma-separated list runs each size once per padding, interleaved.
+    #[arg(long, value_delimiter = ',')]
     pub pad: Vec<usize>,
     /// m-blocks of one expert walked together per n-block (overrides the heuristic's).
     #[arg(long)]
     pub group_m: Option<usize>,
-    /// Half tiles: 0 split by columns, 1 computed as full tiles (direct store only), 2 warpgroup 0 alone.
-    #[arg(long, default_value_t = 0)]
-    pub half_tile_mode: u32,
-    /// Overrides the heuristic's BLOCK_M (tuning knob).
-    #[arg(long)]
-    pub block_m: Option<usize>,
     /// CTAs per cluster sharing the weight tile (1 or 2; tuning knob); a comma-separated list
     /// runs each case once per value, interleaved.
     #[arg(long, value_delimiter = ',')]
@@ -102,10 +96,11 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
         "| shape | layout | rows/expert | kernel | µs (min–max) | TFLOP/s | floor µs | ×floor | weight floor µs | DeepGEMM µs | diff |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
-    let pads = match args.layout {
-        GemmLayout::Contiguous => args.pad.clone(),
-        GemmLayout::Masked => vec![0],
+    let pads: Vec<Option<usize>> = match args.layout {
+        GemmLayout::Contiguous => args.pad.iter().map(|&p| Some(p)).collect(),
+        GemmLayout::Masked => vec![None],
     };
+    let pads = if pads.is_empty() { vec![None] } else { pads };
     let clusters: Vec<Option<usize>> = if args.cluster_m.is_empty() {
         vec![None]
     } else {
@@ -123,7 +118,9 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
         let rows = group_sizes(args.experts, mean, args.seed ^ mean as u64);
         let max_rows = *rows.iter().max().unwrap_or(&0);
         let layout = match args.layout {
-            GemmLayout::Contiguous => Layout::Contiguous { pad },
+            GemmLayout::Contiguous => Layout::Contiguous {
+                pad: pad.unwrap_or(if mean <= 64 { 64 } else { 128 }),
+            },
             GemmLayout::Masked => Layout::Masked {
                 max_m: max_rows.div_ceil(4).max(1) * 4,
             },
@@ -143,8 +140,6 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
             block_n: args.block_n,
             direct_store: args.direct_store,
             group_m: args.group_m,
-            half_tile_mode: args.half_tile_mode,
-            block_m: args.block_m,
             cluster_m,
         };
         let r = run_case(&gpu, problem, &rows, args.seed, &opts)?;
@@ -189,7 +184,10 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
         if let Some(path) = &args.json_out {
             use std::io::Write;
             let line = serde_json::json!({
-                "shape": format!("{:?}", args.shape), "layout": format!("{:?}", args.layout), "pad": pad,
+                "shape": format!("{:?}", args.shape), "layout": format!("{:?}", args.layout), "pad": match layout {
+                    Layout::Contiguous { pad } => pad,
+                    Layout::Masked { .. } => 0,
+                },
                 "cluster_m": cluster_m.unwrap_or(1),
                 "rows_per_expert": mean, "n": n, "k": k, "group_sizes": rows,
                 "us": r.median_us, "tflops": r.tflops, "floor_us": r.floor_us,

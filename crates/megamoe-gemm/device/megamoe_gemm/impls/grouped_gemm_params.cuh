@@ -19,8 +19,7 @@ struct GroupedGemmParams {
     u32 k;
     u32 max_m;          // masked: row capacity of each expert; contiguous: unused (0)
     u32 group_m;        // m-blocks walked together per n-block (L2 reuse of the weight tile)
-    u32 half_tile_mode;  // 0: half tiles split by columns; 1: computed as full tiles; 2: warpgroup 0 alone
-    u32 reserved[2];
+    u32 reserved[3];
 };
 
 MEGAMOE_PARAMS_LAYOUT(GroupedGemmParams, 640, 64);

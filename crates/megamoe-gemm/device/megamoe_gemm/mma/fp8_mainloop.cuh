@@ -107,8 +107,7 @@ __device__ void wgmma_consumer(const GroupedGemmParams& p,
     using Mma = Fp8Mma;
     using Sched = TileScheduler<BLOCK_M, BLOCK_N, kMasked, kClusterM>;
     // BLOCK_M 128: the warpgroups split the rows; BLOCK_M 64: they split the columns. A
-    // warpgroup's slice is 64 rows by kWaves * 128 columns. A half tile (the last <= 64 rows of
-    // an expert in a 128 x 256 kernel) is split by columns like a 64 x 256 tile.
+    // warpgroup's slice is 64 rows by kWaves * 128 columns.
     static_assert(BLOCK_M == 128 || BLOCK_M == 64, "two warpgroups of 64 rows, or one of 64");
     constexpr int kSliceCols = BLOCK_M == 128 ? BLOCK_N : BLOCK_N / 2;
     constexpr int kWaves = kSliceCols / Mma::kN;
@@ -120,40 +119,6 @@ __device__ void wgmma_consumer(const GroupedGemmParams& p,
     RingCursor<kStages> ring;
     Tile t;
     while (sched.next(t)) {
-        if constexpr (Sched::kHalfTiles) {
-            if (t.half && p.half_tile_mode == 2) {
-                // Warpgroup 0 computes the 64 x 256 tile alone; warpgroup 1 only releases stages.
-                if (wg == 0) {
-                    float sum[kWaves][Mma::kAccum];
-                    tile_k_loop<kWaves, kClusterM>(p, smem, ring, t, 0, 0, sum);
-#pragma unroll
-                    for (int w = 0; w < kWaves; ++w) {
-                        Epilogue::store(p, smem.staging(wg), wg, t.a_row, t.n0 + w * Mma::kN,
-                                        t.rows_valid, sum[w]);
-                    }
-                } else {
-                    u32* error = reinterpret_cast<u32*>(p.error);
-                    for (u32 kb = 0; kb < p.k / 128; ++kb) {
-                        mbarrier_wait(smem.full(ring.stage), ring.phase, error, p.timeout_ns, kWaitFull);
-                        if (threadIdx.x % 32 == 0) release_stage<kClusterM>(smem.empty(ring.stage));
-                        ring.advance();
-                    }
-                }
-                continue;
-            }
-            if (t.half && p.half_tile_mode == 0) {
-                constexpr int kHalfWaves = kWaves / 2;
-                float sum[kHalfWaves][Mma::kAccum];
-                const u32 half_b_off = wg * kHalfWaves * Mma::kN;
-                tile_k_loop<kHalfWaves, kClusterM>(p, smem, ring, t, 0, half_b_off, sum);
-#pragma unroll
-                for (int w = 0; w < kHalfWaves; ++w) {
-                    Epilogue::store(p, smem.staging(wg), wg, t.a_row, t.n0 + half_b_off + w * Mma::kN,
-                                    t.rows_valid, sum[w]);
-                }
-                continue;
-            }
-        }
         float sum[kWaves][Mma::kAccum];
         tile_k_loop<kWaves, kClusterM>(p, smem, ring, t, a_off, b_off, sum);
         const u32 rows_valid = t.rows_valid > a_off ? t.rows_valid - a_off : 0;

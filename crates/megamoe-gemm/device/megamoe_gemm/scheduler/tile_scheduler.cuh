@@ -3,8 +3,6 @@
 // contributes ceil(rows / BLOCK_M) * (N / BLOCK_N) tiles, so empty experts cost nothing and the
 // work is balanced whatever the per-expert counts. Inside an expert, groups of `group_m`
 // m-blocks are walked n-block by n-block so concurrent CTAs share each weight tile through L2.
-// In 128 x 256 kernels the last m-block of an expert is a half tile when at most 64 of its rows
-// remain: segments padded to 64 rows then cost 64-row granularity, not 128.
 //
 // With clusters of two CTAs (kClusterM = 2) the index space is one of tile pairs, cluster c
 // taking pairs c, c + clusters, ...: the two CTAs get m-blocks 2i and 2i + 1 of the same expert
@@ -21,15 +19,12 @@ struct Tile {
     u32 n0;          // first output column
     u32 a_row;       // first row in the 2-D views of A and the output
     u32 rows_valid;  // rows of this tile that hold results (<= BLOCK_M)
-    bool half;       // only the first 64 rows are computed (see kHalfTiles)
     bool shared_b;   // clusters: both CTAs multiply the same weight tile
 };
 
 template <int BLOCK_M, int BLOCK_N, bool kMasked, int kClusterM>
 struct TileScheduler {
     static_assert(kClusterM == 1 || kClusterM == 2, "single CTAs or pairs");
-    // Mirrored by `GemmConfig::row_granularity` in src/heuristics.rs.
-    static constexpr bool kHalfTiles = BLOCK_M == 128 && BLOCK_N == 256 && kClusterM == 1;
     const i32* rows;  // per-expert rows, in shared memory
     u32 num_experts;
     u32 n_blocks;
@@ -96,9 +91,7 @@ struct TileScheduler {
         }
         const u32 m0 = t.m_block * BLOCK_M;
         t.a_row = (kMasked ? expert * max_m : expert_row0) + m0;
-        const u32 rows_left = static_cast<u32>(rows[expert]) - m0;
-        t.rows_valid = min(static_cast<u32>(BLOCK_M), rows_left);
-        t.half = kHalfTiles && rows_left <= 64;
+        t.rows_valid = min(static_cast<u32>(BLOCK_M), static_cast<u32>(rows[expert]) - m0);
         return true;
     }
 };

@@ -260,6 +260,36 @@ impl Gpu {
         config.validate(&self.props)?;
         self.bind()?;
         let f = kernel.function.cu_function();
+        self.raise_smem_limit(kernel, config)?;
+        let mut attrs = launch_attributes(config);
+        let cfg = self.cu_launch_config(config, &mut attrs);
+        let mut arg = params as *const P as *mut std::ffi::c_void;
+        // SAFETY: the kernel takes exactly one parameter of type P (the caller's contract with
+        // the device code, whose size is asserted on both sides); the driver copies it before
+        // returning.
+        check("cuLaunchKernelEx", unsafe {
+            sys::cuLaunchKernelEx(&cfg, f, &mut arg, std::ptr::null_mut())
+        })
+    }
+
+    /// How many clusters of `config.cluster` (with its block and shared memory) can be resident
+    /// at once: the grid size up to which a persistent clustered kernel runs all CTAs together.
+    pub fn max_active_clusters(&self, kernel: &Kernel, config: &LaunchConfig) -> Result<u32> {
+        config.validate(&self.props)?;
+        self.bind()?;
+        self.raise_smem_limit(kernel, config)?;
+        let mut attrs = launch_attributes(config);
+        let cfg = self.cu_launch_config(config, &mut attrs);
+        let mut clusters = 0;
+        // SAFETY: a valid function handle and launch configuration; writes one int.
+        check("cuOccupancyMaxActiveClusters", unsafe {
+            sys::cuOccupancyMaxActiveClusters(&mut clusters, kernel.function.cu_function(), &cfg)
+        })?;
+        Ok(clusters.max(0) as u32)
+    }
+
+    fn raise_smem_limit(&self, kernel: &Kernel, config: &LaunchConfig) -> Result<()> {
+        let f = kernel.function.cu_function();
         if config.dynamic_smem > kernel.dynamic_smem_limit.load(Ordering::Relaxed) {
             // SAFETY: a valid function handle and an attribute value within the device limit.
             check("cuFuncSetAttribute", unsafe {
@@ -273,24 +303,15 @@ impl Gpu {
                 .dynamic_smem_limit
                 .fetch_max(config.dynamic_smem, Ordering::Relaxed);
         }
-        let mut attrs = Vec::new();
-        if let Some((x, y, z)) = config.cluster {
-            // SAFETY: writing one union field of a zeroed attribute.
-            let mut a: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-            a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-            a.value.clusterDim.x = x;
-            a.value.clusterDim.y = y;
-            a.value.clusterDim.z = z;
-            attrs.push(a);
-        }
-        if config.pdl {
-            // SAFETY: as above.
-            let mut a: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-            a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-            a.value.programmaticStreamSerializationAllowed = 1;
-            attrs.push(a);
-        }
-        let cfg = sys::CUlaunchConfig {
+        Ok(())
+    }
+
+    fn cu_launch_config(
+        &self,
+        config: &LaunchConfig,
+        attrs: &mut [sys::CUlaunchAttribute],
+    ) -> sys::CUlaunchConfig {
+        sys::CUlaunchConfig {
             gridDimX: config.grid.0,
             gridDimY: config.grid.1,
             gridDimZ: config.grid.2,
@@ -301,14 +322,7 @@ impl Gpu {
             hStream: self.cu_stream(),
             attrs: attrs.as_mut_ptr(),
             numAttrs: attrs.len() as u32,
-        };
-        let mut arg = params as *const P as *mut std::ffi::c_void;
-        // SAFETY: the kernel takes exactly one parameter of type P (the caller's contract with
-        // the device code, whose size is asserted on both sides); the driver copies it before
-        // returning.
-        check("cuLaunchKernelEx", unsafe {
-            sys::cuLaunchKernelEx(&cfg, f, &mut arg, std::ptr::null_mut())
-        })
+        }
     }
 
     /// Two timing events (`CU_EVENT_DEFAULT`) on this stream.
@@ -324,6 +338,28 @@ impl Gpu {
             stream: self.stream.clone(),
         })
     }
+}
+
+/// The cluster and PDL attributes of `config`, for `cuLaunchKernelEx` and occupancy queries.
+fn launch_attributes(config: &LaunchConfig) -> Vec<sys::CUlaunchAttribute> {
+    let mut attrs = Vec::new();
+    if let Some((x, y, z)) = config.cluster {
+        // SAFETY: writing one union field of a zeroed attribute.
+        let mut a: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        a.value.clusterDim.x = x;
+        a.value.clusterDim.y = y;
+        a.value.clusterDim.z = z;
+        attrs.push(a);
+    }
+    if config.pdl {
+        // SAFETY: as above.
+        let mut a: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        a.value.programmaticStreamSerializationAllowed = 1;
+        attrs.push(a);
+    }
+    attrs
 }
 
 /// Device memory from `cuMemAlloc`, freed on drop. Copies and memsets are ordered on the stream

@@ -52,6 +52,17 @@ pub fn view_rows(problem: &GemmProblem, contiguous_rows: usize) -> usize {
     }
 }
 
+/// Grid, block, shared memory and cluster of `config`'s launch.
+fn launch_config(config: &GemmConfig) -> LaunchConfig {
+    let launch = LaunchConfig::new(config.ctas as u32, THREADS)
+        .with_dynamic_smem(config.smem_bytes() as u32);
+    if config.cluster_m > 1 {
+        launch.with_cluster(config.cluster_m as u32, 1, 1)
+    } else {
+        launch
+    }
+}
+
 /// A prepared launch: configuration, kernel and parameters.
 pub struct GroupedGemm {
     pub problem: GemmProblem,
@@ -181,10 +192,24 @@ impl GroupedGemm {
             reserved: [0; 3],
         };
         let compiled = jit::compile(&kernel_spec(&config))?;
+        let kernel = gpu.load(&compiled)?;
+        let mut config = config;
+        if config.cluster_m > 1 {
+            // The persistent schedule needs every CTA resident at once; a GPC with an odd
+            // number of free SMs cannot hold a whole pair.
+            let clusters = gpu.max_active_clusters(&kernel, &launch_config(&config))? as usize;
+            if clusters == 0 {
+                return Err(GemmError::Shape {
+                    arg: "config",
+                    reason: format!("no cluster of {} fits", config.kernel_name()),
+                });
+            }
+            config.ctas = config.ctas.min(clusters * config.cluster_m);
+        }
         Ok(GroupedGemm {
             problem,
             config,
-            kernel: gpu.load(&compiled)?,
+            kernel,
             compiled,
             params,
             error,
@@ -193,12 +218,7 @@ impl GroupedGemm {
 
     /// Enqueues the kernel on the GPU's stream.
     pub fn launch(&self, gpu: &Gpu) -> Result<()> {
-        let mut launch = LaunchConfig::new(self.config.ctas as u32, THREADS)
-            .with_dynamic_smem(self.config.smem_bytes() as u32);
-        if self.config.cluster_m > 1 {
-            launch = launch.with_cluster(self.config.cluster_m as u32, 1, 1);
-        }
-        Ok(gpu.launch(&self.kernel, &launch, &self.params)?)
+        Ok(gpu.launch(&self.kernel, &launch_config(&self.config), &self.params)?)
     }
 
     /// Synchronises and turns an expired device wait into an error.

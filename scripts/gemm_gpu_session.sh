@@ -1,9 +1,9 @@
 #!/bin/bash
 # The grouped GEMM's GPU session: selftest (every configuration against the CPU reference), the
 # benchmark table (flash L1/L2, 32/192/512/1024 rows per expert; single CTAs and 2-CTA clusters
-# interleaved per size; half tiles on segments padded to 64; masked at 32), half-tile
-# diagnostics, 1000-iteration runs of single CTAs and clusters, and torch._scaled_grouped_mm on
-# the same group sizes, short table last. SM clock and power are logged every 200 ms meanwhile.
+# interleaved per size; masked at 32), 1000-iteration runs of single CTAs and clusters, and
+# torch._scaled_grouped_mm on the same group sizes, short table last. SM clock and power are
+# logged every 200 ms meanwhile and summarised per phase.
 # usage: [NO_TORCH=1] scripts/gemm_gpu_session.sh MEGAMOE_BINARY OUT_DIR
 set -u
 bin=$(realpath "$1")
@@ -30,24 +30,10 @@ for shape in l1 l2; do
     --json-out "$out/results.jsonl" 2>&1 | tee -a "$out/bench.txt"
   timeout 100 "$bin" bench gemm --shape "$shape" --rows-per-expert 192,512,1024 --pad 128 \
     --cluster-m 1,2 --json-out "$out/results.jsonl" 2>&1 | grep -E '^\| L|error' | tee -a "$out/bench.txt"
-  stamp "half tiles $shape"
-  timeout 60 "$bin" bench gemm --shape "$shape" --rows-per-expert 192,512 --pad 64 2>&1 \
-    | grep -E '^\| L|error' | tee -a "$out/bench.txt"
   stamp "masked $shape"
   timeout 40 "$bin" bench gemm --shape "$shape" --layout masked --rows-per-expert 32 \
     --json-out "$out/results.jsonl" 2>&1 | grep -E '^\| L|error' | tee -a "$out/bench.txt"
 done
-# Where the time of a half tile goes (L1, 192 rows per expert).
-diag() {
-  stamp "diag $1"
-  timeout 40 "$bin" bench gemm --shape l1 --rows-per-expert 192 "${@:2}" 2>&1 | grep -E '^\| L|error' \
-    | sed "s/^/$1 /" | tee -a "$out/bench_diag.txt"
-}
-diag half-wg0 --pad 64 --half-tile-mode 2
-diag half-split-direct --pad 64 --direct-store
-diag half-as-full-direct --pad 64 --half-tile-mode 1 --direct-store
-diag pad128-direct --pad 128 --direct-store
-diag m64-tiles --pad 64 --block-m 64
 for c in 1 2; do
   stamp "sustained c$c"
   timeout 40 "$bin" bench gemm --shape l1 --rows-per-expert 1024 --pad 128 --cluster-m $c --iters 1000 2>&1 \

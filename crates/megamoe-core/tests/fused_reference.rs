@@ -40,13 +40,23 @@ impl WeightSource for HandWeights {
     fn shape(&self) -> Shape {
         self.shape
     }
-    fn fill_rows(&self, expert: usize, matrix: Matrix, first_row: usize, out: &mut [f32]) {
+    fn fill_block(
+        &self,
+        expert: usize,
+        matrix: Matrix,
+        first_row: usize,
+        first_col: usize,
+        width: usize,
+        out: &mut [f32],
+    ) {
         let cols = matrix.dims(&self.shape).1;
         let all = match matrix {
             Matrix::W1 => &self.w1[expert],
             Matrix::W2 => &self.w2[expert],
         };
-        out.copy_from_slice(&all[first_row * cols..][..out.len()]);
+        for (r, out) in out.chunks_exact_mut(width).enumerate() {
+            out.copy_from_slice(&all[(first_row + r) * cols + first_col..][..width]);
+        }
     }
 }
 

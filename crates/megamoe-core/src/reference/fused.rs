@@ -28,10 +28,8 @@ use super::{LayerOptions, Routed};
 use crate::batch::WorldInputs;
 use crate::numerics::{e4m3_to_f32, INPUT_SCALE_FLOOR, INTERMEDIATE_SCALE_FLOOR};
 use crate::preset::Shape;
-use crate::quant::{
-    quantize_blocks_into, quantize_rows, QuantBlocks, QuantRows, INPUT_GROUP, WEIGHT_BLOCK,
-};
-use crate::weights::{Matrix, WeightSource};
+use crate::quant::{quantize_rows, QuantBlocks, QuantRows, INPUT_GROUP, WEIGHT_BLOCK};
+use crate::weights::{quantized_strip, Matrix, WeightSource};
 
 /// Every rank's input quantized per token per 128 columns (floor 1e-4).
 pub(super) fn quantize_inputs(world: &WorldInputs) -> Vec<QuantRows> {
@@ -122,14 +120,11 @@ fn gemm(
     group: usize,
     n_tokens: usize,
 ) -> Vec<f32> {
-    let (rows, cols) = weights.dims(matrix);
+    let rows = weights.dims(matrix).0;
     let mut out = vec![0f32; n_tokens * rows];
-    let mut strip = vec![0f32; WEIGHT_BLOCK * cols];
     let mut w = QuantBlocks::default();
     for first_row in (0..rows).step_by(WEIGHT_BLOCK) {
-        weights.fill_rows(expert, matrix, first_row, &mut strip);
-        quantize_blocks_into(&strip, WEIGHT_BLOCK, cols, INPUT_SCALE_FLOOR, &mut w)
-            .expect("weights are whole blocks");
+        quantized_strip(weights, expert, matrix, first_row, &mut w);
         block_scaled_strip(&w, acts, act_scales, group, first_row, &mut out);
     }
     out

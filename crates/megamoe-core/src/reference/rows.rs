@@ -57,25 +57,84 @@ unsafe fn dot4_avx2(w: &[f64], x: [&[f64]; ROWS]) -> [f64; ROWS] {
             hi[r] = _mm256_fmadd_pd(w_hi, _mm256_loadu_pd(x[r].as_ptr().add(k + 4)), hi[r]);
         }
     }
-    std::array::from_fn(|r| {
+    let reduce = |r: usize| {
         let mut q = [0f64; 4];
         _mm256_storeu_pd(q.as_mut_ptr(), _mm256_add_pd(lo[r], hi[r]));
         (q[0] + q[2]) + (q[1] + q[3])
-    })
+    };
+    [reduce(0), reduce(1), reduce(2), reduce(3)]
 }
 
-/// Four consecutive rows of `acts` (`[n, cols]`) starting at row `first`; past the end the
-/// last row repeats (its results are discarded).
+/// Columns `columns` of four consecutive rows of `acts` (`[n, cols]`) starting at row
+/// `first`; past the end the last row repeats (its results are discarded).
 #[inline(always)]
-fn four_rows(acts: &[f64], cols: usize, first: usize) -> [&[f64]; ROWS] {
+fn four_rows(
+    acts: &[f64],
+    cols: usize,
+    first: usize,
+    columns: std::ops::Range<usize>,
+) -> [&[f64]; ROWS] {
+    let last = acts.len() / cols - 1;
+    let row = |i: usize| &acts[(first + i).min(last) * cols..][columns.clone()];
+    [row(0), row(1), row(2), row(3)]
+}
+
+/// A weight element the strips decode to f64: an e4m3 code or an f32 original.
+trait WeightElement: Copy {
+    fn to_f64(self) -> f64;
+}
+
+impl WeightElement for u8 {
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        f64::from(e4m3_to_f32(self))
+    }
+}
+
+impl WeightElement for f32 {
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        f64::from(self)
+    }
+}
+
+/// Calls `emit(t, r, j, Σ_{k in group j} w[r, k]·acts[t, k])` for every activation row t,
+/// weight row r of the strip `w` (`[rows, cols]`) and column group j of `group` columns, with
+/// j in ascending order for each (t, r). Group-outer so that the activations' group (`n` rows
+/// of `group` f64) stays in L1 while the weight rows stream past.
+#[inline(always)]
+fn strip_dots<const AVX2: bool, W: WeightElement>(
+    w: &[W],
+    cols: usize,
+    acts: &[f64],
+    group: usize,
+    mut emit: impl FnMut(usize, usize, usize, f64),
+) {
     let n = acts.len() / cols;
-    std::array::from_fn(|i| &acts[(first + i).min(n - 1) * cols..][..cols])
+    if n == 0 {
+        return;
+    }
+    let mut segment = vec![0f64; group];
+    for j in 0..cols / group {
+        for (r, row) in w.chunks_exact(cols).enumerate() {
+            for (d, &v) in segment.iter_mut().zip(&row[j * group..][..group]) {
+                *d = v.to_f64();
+            }
+            for first in (0..n).step_by(ROWS) {
+                let x = four_rows(acts, cols, first, j * group..(j + 1) * group);
+                let sums = dot4::<AVX2>(&segment, x);
+                for (i, &sum) in sums.iter().enumerate().take(n - first) {
+                    emit(first + i, r, j, sum);
+                }
+            }
+        }
+    }
 }
 
 /// FP8: `out[t, first_row + r]` for every row r of the quantized weight strip `w`
 /// (`[128, K]`, scales `[1, K/128]`) and every activation row t of `acts` (e4m3 values as f64,
-/// `[n, K]`, scales `[n, K/group]`), `out` being `[n, out_cols]`, in the operation order
-/// documented in `fused`.
+/// `[n, K]`, scales `[n, K/group]`), `out` being `[n, out_cols]` and zero on entry, in the
+/// operation order documented in `fused`.
 pub(super) fn block_scaled_strip(
     w: &QuantBlocks,
     acts: &[f64],
@@ -105,41 +164,19 @@ fn block_scaled_strip_body<const AVX2: bool>(
     first_row: usize,
     out: &mut [f32],
 ) {
-    let cols = w.cols;
-    let n = acts.len() / cols;
-    if n == 0 {
-        return;
-    }
-    let out_cols = out.len() / n;
-    let groups = cols / group;
-    let mut row = vec![0f64; cols];
-    for (r, codes) in w.codes.chunks_exact(cols).enumerate() {
-        for (d, &c) in row.iter_mut().zip(codes) {
-            *d = f64::from(e4m3_to_f32(c));
-        }
-        for first in (0..n).step_by(ROWS) {
-            let x = four_rows(acts, cols, first);
-            let mut running = [0f32; ROWS];
-            for j in 0..groups {
-                let range = j * group..(j + 1) * group;
-                let sums = dot4::<AVX2>(&row[range.clone()], x.map(|x| &x[range.clone()]));
-                let w_scale = w.scales[j * group / WEIGHT_BLOCK];
-                for (i, (running, sum)) in running.iter_mut().zip(sums).enumerate() {
-                    let t = (first + i).min(n - 1);
-                    let scale = act_scales[t * groups + j] * w_scale;
-                    *running = (sum as f32).mul_add(scale, *running);
-                }
-            }
-            for (i, running) in running.iter().enumerate().take(n - first) {
-                out[(first + i) * out_cols + first_row + r] = *running;
-            }
-        }
-    }
+    let n = acts.len() / w.cols;
+    let (out_cols, groups) = (out.len() / n.max(1), w.cols / group);
+    strip_dots::<AVX2, u8>(&w.codes, w.cols, acts, group, |t, r, j, sum| {
+        let scale = act_scales[t * groups + j] * w.scales[j * group / WEIGHT_BLOCK];
+        let running = &mut out[t * out_cols + first_row + r];
+        *running = (sum as f32).mul_add(scale, *running);
+    });
 }
 
-/// Unquantized: `out[t, first_row + r] = Σ_k w[r, k]·acts[t, k]` in f64 for every row r of
-/// the f32 weight strip `w` (`[rows, cols]`) and every row t of `acts` (`[n, cols]`), `out`
-/// being `[n, out_cols]`.
+/// Unquantized: `out[t, first_row + r] = Σ_j Σ_{k in 128-column block j} w[r, k]·acts[t, k]`
+/// in f64 (blocks added in ascending order) for every row r of the f32 weight strip `w`
+/// (`[rows, cols]`) and every row t of `acts` (`[n, cols]`), `out` being `[n, out_cols]` and
+/// zero on entry.
 pub(super) fn plain_strip(w: &[f32], acts: &[f64], cols: usize, first_row: usize, out: &mut [f64]) {
     #[cfg(target_arch = "x86_64")]
     if crate::simd::avx2_fma() {
@@ -161,28 +198,51 @@ fn plain_strip_body<const AVX2: bool>(
     first_row: usize,
     out: &mut [f64],
 ) {
-    let n = acts.len() / cols;
-    if n == 0 {
-        return;
-    }
-    let out_cols = out.len() / n;
-    let mut row = vec![0f64; cols];
-    for (r, values) in w.chunks_exact(cols).enumerate() {
-        for (d, &v) in row.iter_mut().zip(values) {
-            *d = f64::from(v);
-        }
-        for first in (0..n).step_by(ROWS) {
-            let sums = dot4::<AVX2>(&row, four_rows(acts, cols, first));
-            for (i, sum) in sums.iter().enumerate().take(n - first) {
-                out[(first + i) * out_cols + first_row + r] = *sum;
-            }
-        }
-    }
+    let out_cols = out.len() / (acts.len() / cols).max(1);
+    strip_dots::<AVX2, f32>(w, cols, acts, WEIGHT_BLOCK, |t, r, _, sum| {
+        out[t * out_cols + first_row + r] += sum;
+    });
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::numerics::INPUT_SCALE_FLOOR;
+    use crate::preset::Preset;
+    use crate::weights::{quantized_strip, Matrix, WeightGen, WeightSource};
+
+    /// The portable bodies give the same bits as the dispatched (AVX2 + FMA) kernels.
+    #[test]
+    fn portable_and_simd_strips_agree_bit_for_bit() {
+        let gen = WeightGen::new(Preset::by_name("tiny").unwrap().shape, 3);
+        let (n, cols) = (5, 256);
+        let mut w = QuantBlocks::default();
+        quantized_strip(&gen, 1, Matrix::W1, 128, &mut w);
+        // Every finite code of both signs (0x7f is NaN).
+        let code = |i: usize| (i * 37 % 0x7f) as u8 | if i % 3 == 0 { 0x80 } else { 0 };
+        let acts: Vec<f64> = (0..n * cols)
+            .map(|i| f64::from(e4m3_to_f32(code(i))))
+            .collect();
+        for group in [64, 128] {
+            let scales: Vec<f32> = (0..n * cols / group)
+                .map(|i| 1e-3 * (1 + i % 5) as f32)
+                .collect();
+            let (mut simd, mut portable) = (vec![0f32; n * 300], vec![0f32; n * 300]);
+            block_scaled_strip(&w, &acts, &scales, group, 20, &mut simd);
+            block_scaled_strip_body::<false>(&w, &acts, &scales, group, 20, &mut portable);
+            assert!(simd.iter().all(|v| v.is_finite()) && simd.iter().any(|&v| v != 0.0));
+            assert!(simd == portable, "group {group}");
+        }
+        let mut f32_strip = vec![0f32; 128 * cols];
+        gen.fill_rows(1, Matrix::W1, 128, &mut f32_strip);
+        let (mut simd, mut portable) = (vec![0f64; n * 128], vec![0f64; n * 128]);
+        plain_strip(&f32_strip, &acts, cols, 0, &mut simd);
+        plain_strip_body::<false>(&f32_strip, &acts, cols, 0, &mut portable);
+        assert!(simd.iter().all(|v| v.is_finite()));
+        assert!(simd == portable);
+        let q = crate::quant::quantize_blocks(&f32_strip, 128, cols, INPUT_SCALE_FLOOR).unwrap();
+        assert_eq!(q, w);
+    }
 
     #[test]
     fn dot4_matches_a_plain_sum_per_row() {

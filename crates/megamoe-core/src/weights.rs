@@ -18,8 +18,8 @@
 use rayon::prelude::*;
 
 use crate::error::Result;
-use crate::numerics::quantize_group;
 use crate::numerics::INPUT_SCALE_FLOOR;
+use crate::numerics::{amax, e4m3_from_f32, scale_factor};
 use crate::preset::Shape;
 #[cfg(doc)]
 use crate::quant::quantize_blocks;
@@ -270,7 +270,8 @@ impl WeightGen {
 
 /// Generates and quantizes the 128-row strip of `matrix` of `expert` starting at `first_row`
 /// into `out` (resized to `[128, K]`, scales `[1, K/128]`), one 128×128 block at a time so
-/// that the block stays in cache: the same result as [`crate::quant::quantize_blocks`] with floor 1e-4.
+/// that the block stays in cache: the same result as [`crate::quant::quantize_blocks`] with
+/// floor 1e-4.
 pub fn quantized_strip<S: WeightSource>(
     weights: &S,
     expert: usize,
@@ -278,49 +279,85 @@ pub fn quantized_strip<S: WeightSource>(
     first_row: usize,
     out: &mut QuantBlocks,
 ) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::simd::avx2_fma() {
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn fast<S: WeightSource>(s: &S, e: usize, m: Matrix, f: usize, o: &mut QuantBlocks) {
-            quantized_strip_body(s, e, m, f, o)
-        }
-        // SAFETY: the CPU has the features `fast` is compiled for.
-        return unsafe { fast(weights, expert, matrix, first_row, out) };
-    }
-    quantized_strip_body(weights, expert, matrix, first_row, out)
+    out.rows = WEIGHT_BLOCK;
+    out.cols = weights.dims(matrix).1;
+    let (codes, scales) = (&mut out.codes, &mut out.scales);
+    encode_strip(
+        weights,
+        expert,
+        matrix,
+        first_row,
+        e4m3_from_f32,
+        codes,
+        scales,
+    );
 }
 
-#[inline(always)]
-fn quantized_strip_body<S: WeightSource>(
+/// The strip of [`quantized_strip`] with each element's `encode(w · (1/scale))` (the e4m3
+/// code, or its value) in `values` and the block scales in `scales`.
+pub(crate) fn encode_strip<S, T, E>(
     weights: &S,
     expert: usize,
     matrix: Matrix,
     first_row: usize,
-    out: &mut QuantBlocks,
+    encode: E,
+    values: &mut Vec<T>,
+    scales: &mut Vec<f32>,
+) where
+    S: WeightSource,
+    T: Copy + Default,
+    E: Fn(f32) -> T,
+{
+    let cols = weights.dims(matrix).1;
+    values.resize(WEIGHT_BLOCK * cols, T::default());
+    scales.resize(cols / WEIGHT_BLOCK, 0.0);
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::avx2_fma() {
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn fast<S: WeightSource, T: Copy, E: Fn(f32) -> T>(
+            weights: &S,
+            at: (usize, Matrix, usize),
+            encode: E,
+            values: &mut [T],
+            scales: &mut [f32],
+        ) {
+            encode_strip_body(weights, at, encode, values, scales)
+        }
+        // SAFETY: the CPU has the features `fast` is compiled for.
+        return unsafe { fast(weights, (expert, matrix, first_row), encode, values, scales) };
+    }
+    encode_strip_body(weights, (expert, matrix, first_row), encode, values, scales)
+}
+
+#[inline(always)]
+fn encode_strip_body<S: WeightSource, T: Copy, E: Fn(f32) -> T>(
+    weights: &S,
+    (expert, matrix, first_row): (usize, Matrix, usize),
+    encode: E,
+    values: &mut [T],
+    scales: &mut [f32],
 ) {
     let cols = weights.dims(matrix).1;
-    out.rows = WEIGHT_BLOCK;
-    out.cols = cols;
-    out.codes.resize(WEIGHT_BLOCK * cols, 0);
-    out.scales.resize(cols / WEIGHT_BLOCK, 0.0);
     let mut block = vec![0f32; WEIGHT_BLOCK * WEIGHT_BLOCK];
-    let mut codes = vec![0u8; WEIGHT_BLOCK * WEIGHT_BLOCK];
-    for (b, scale) in out.scales.iter_mut().enumerate() {
+    for (b, scale) in scales.iter_mut().enumerate() {
+        let first_col = b * WEIGHT_BLOCK;
         weights.fill_block(
             expert,
             matrix,
             first_row,
-            b * WEIGHT_BLOCK,
+            first_col,
             WEIGHT_BLOCK,
             &mut block,
         );
-        *scale = quantize_group(&block, INPUT_SCALE_FLOOR, &mut codes);
-        for (dst, src) in out
-            .codes
+        *scale = scale_factor(amax(&block), INPUT_SCALE_FLOOR);
+        let inverse = 1.0 / *scale;
+        for (dst, src) in values
             .chunks_exact_mut(cols)
-            .zip(codes.chunks_exact(WEIGHT_BLOCK))
+            .zip(block.chunks_exact(WEIGHT_BLOCK))
         {
-            dst[b * WEIGHT_BLOCK..][..WEIGHT_BLOCK].copy_from_slice(src);
+            for (d, &v) in dst[first_col..][..WEIGHT_BLOCK].iter_mut().zip(src) {
+                *d = encode(v * inverse);
+            }
         }
     }
 }

@@ -23,13 +23,13 @@
 
 use half::bf16;
 
-use super::rows::block_scaled_strip;
+use super::rows::{block_scaled_strip, ScaledRows};
 use super::{LayerOptions, Routed};
 use crate::batch::WorldInputs;
-use crate::numerics::{e4m3_to_f32, INPUT_SCALE_FLOOR, INTERMEDIATE_SCALE_FLOOR};
+use crate::numerics::{e4m3_round, e4m3_to_f32, INPUT_SCALE_FLOOR, INTERMEDIATE_SCALE_FLOOR};
 use crate::preset::Shape;
-use crate::quant::{quantize_rows, QuantBlocks, QuantRows, INPUT_GROUP, WEIGHT_BLOCK};
-use crate::weights::{quantized_strip, Matrix, WeightSource};
+use crate::quant::{quantize_rows, QuantRows, INPUT_GROUP, WEIGHT_BLOCK};
+use crate::weights::{encode_strip, Matrix, WeightSource};
 
 /// Every rank's input quantized per token per 128 columns (floor 1e-4).
 pub(super) fn quantize_inputs(world: &WorldInputs) -> Vec<QuantRows> {
@@ -75,7 +75,12 @@ pub(super) fn expert(
                 &q.scales[r.token * hidden / INPUT_GROUP..][..hidden / INPUT_GROUP],
             );
         }
-        let h = gemm(weights, expert, Matrix::W1, &x, &x_scales, INPUT_GROUP, n);
+        let x = ScaledRows {
+            values: &x,
+            scales: &x_scales,
+            group: INPUT_GROUP,
+        };
+        let h = gemm(weights, expert, Matrix::W1, &x);
         let mut a = vec![0f32; n * inter];
         for ((a, h), r) in a
             .chunks_exact_mut(inter)
@@ -91,15 +96,12 @@ pub(super) fn expert(
         let a = quantize_rows(&a, n, inter, options.group, INTERMEDIATE_SCALE_FLOOR)
             .expect("I is a multiple of 128");
         let a_values: Vec<f64> = a.codes.iter().map(|&c| f64::from(e4m3_to_f32(c))).collect();
-        let o = gemm(
-            weights,
-            expert,
-            Matrix::W2,
-            &a_values,
-            &a.scales,
-            options.group,
-            n,
-        );
+        let a = ScaledRows {
+            values: &a_values,
+            scales: &a.scales,
+            group: options.group,
+        };
+        let o = gemm(weights, expert, Matrix::W2, &a);
         for (r, o) in routed.iter_mut().zip(o.chunks_exact(hidden)) {
             for (dst, &v) in r.out.iter_mut().zip(o) {
                 *dst = bf16::from_f32(v);
@@ -108,24 +110,23 @@ pub(super) fn expert(
     }
 }
 
-/// out[t, n] for `n_tokens` activation rows `acts` (e4m3 values as f64, `[n_tokens, K]`) with
-/// scales `[n_tokens, K/group]` against every row n of the quantized `matrix` of `expert`,
-/// in the operation order of the module comment. Returns `[n_tokens, N]`.
-fn gemm(
-    weights: &impl WeightSource,
-    expert: usize,
-    matrix: Matrix,
-    acts: &[f64],
-    act_scales: &[f32],
-    group: usize,
-    n_tokens: usize,
-) -> Vec<f32> {
-    let rows = weights.dims(matrix).0;
-    let mut out = vec![0f32; n_tokens * rows];
-    let mut w = QuantBlocks::default();
+/// out[t, n] for every activation row t of `acts` against every row n of the quantized
+/// `matrix` of `expert`, in the operation order of the module comment. Returns `[n, N]`.
+fn gemm(weights: &impl WeightSource, expert: usize, matrix: Matrix, acts: &ScaledRows) -> Vec<f32> {
+    let (rows, cols) = weights.dims(matrix);
+    let mut out = vec![0f32; acts.values.len() / cols * rows];
+    let (mut values, mut scales) = (Vec::new(), Vec::new());
     for first_row in (0..rows).step_by(WEIGHT_BLOCK) {
-        quantized_strip(weights, expert, matrix, first_row, &mut w);
-        block_scaled_strip(&w, acts, act_scales, group, first_row, &mut out);
+        encode_strip(
+            weights,
+            expert,
+            matrix,
+            first_row,
+            e4m3_round,
+            &mut values,
+            &mut scales,
+        );
+        block_scaled_strip(&values, &scales, acts, first_row, &mut out);
     }
     out
 }

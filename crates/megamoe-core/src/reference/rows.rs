@@ -6,63 +6,68 @@
 use crate::quant::WEIGHT_BLOCK;
 
 /// Lanes of independent accumulators per activation row in [`dot4`].
-const LANES: usize = 8;
+const LANES: usize = 4;
 
-/// Activation rows per pass over a weight row.
+/// Activation rows per pass over a pair of weight rows.
 const ROWS: usize = 4;
 
-/// Σ_k w[k]·x_r[k] for four activation rows at once. Each row's sum runs over 8 fused
-/// multiply-add lanes (lane = k mod 8) reduced as ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), so
-/// its bits depend only on `w` and that row, with or without `AVX2`. In the FP8 path every
-/// product and partial sum is exact (see `fused`), so there the order does not matter at all.
+/// Σ_k w_i[k]·x_r[k] for two weight rows i and four activation rows r at once. Each sum runs
+/// over 4 fused multiply-add lanes (lane = k mod 4) reduced as (l0+l2)+(l1+l3), so its bits
+/// depend only on its two rows, with or without `AVX2`. In the FP8 path every product and
+/// partial sum is exact (see `fused`), so there the order does not matter at all.
 #[inline(always)]
-fn dot4<const AVX2: bool>(w: &[f32], x: [&[f64]; ROWS]) -> [f64; ROWS] {
-    assert!(w.len() % LANES == 0, "rows are whole multiples of 8");
-    assert!(x.iter().all(|x| x.len() == w.len()), "equal lengths");
+fn dot2x4<const AVX2: bool>(w: [&[f32]; 2], x: [&[f64]; ROWS]) -> [[f64; ROWS]; 2] {
+    let len = w[0].len();
+    assert!(len % LANES == 0, "rows are whole multiples of 4");
+    assert!(
+        w[1].len() == len && x.iter().all(|x| x.len() == len),
+        "equal lengths"
+    );
     #[cfg(target_arch = "x86_64")]
     if AVX2 {
         // SAFETY: lengths were checked above; `AVX2` is only set in code compiled for AVX2+FMA.
-        return unsafe { dot4_avx2(w, x) };
+        return unsafe { dot2x4_avx2(w, x) };
     }
-    let [x0, x1, x2, x3] = x.map(|x| x.chunks_exact(LANES));
-    let mut acc = [[0f64; LANES]; ROWS];
-    for ((((w, x0), x1), x2), x3) in w.chunks_exact(LANES).zip(x0).zip(x1).zip(x2).zip(x3) {
-        for lane in 0..LANES {
-            let w = f64::from(w[lane]);
-            acc[0][lane] = w.mul_add(x0[lane], acc[0][lane]);
-            acc[1][lane] = w.mul_add(x1[lane], acc[1][lane]);
-            acc[2][lane] = w.mul_add(x2[lane], acc[2][lane]);
-            acc[3][lane] = w.mul_add(x3[lane], acc[3][lane]);
+    let mut acc = [[[0f64; LANES]; ROWS]; 2];
+    for k in (0..len).step_by(LANES) {
+        for (acc, w) in acc.iter_mut().zip(w) {
+            for (acc, x) in acc.iter_mut().zip(x) {
+                for lane in 0..LANES {
+                    acc[lane] = f64::from(w[k + lane]).mul_add(x[k + lane], acc[lane]);
+                }
+            }
         }
     }
-    acc.map(|a| ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])))
+    acc.map(|acc| acc.map(|a| (a[0] + a[2]) + (a[1] + a[3])))
 }
 
-/// [`dot4`] with AVX2 intrinsics: lanes 0-3 and 4-7 in two registers per row. LLVM does not
-/// vectorize the portable loop well.
+/// [`dot2x4`] with AVX2 intrinsics, one register of 4 lanes per sum. LLVM does not vectorize
+/// the portable loop well.
 ///
 /// # Safety
-/// The CPU must have AVX2 and FMA, and every `x[r]` must be as long as `w`, a multiple of 8.
+/// The CPU must have AVX2 and FMA, and all six slices must have the same length, a multiple
+/// of 4.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn dot4_avx2(w: &[f32], x: [&[f64]; ROWS]) -> [f64; ROWS] {
+unsafe fn dot2x4_avx2(w: [&[f32]; 2], x: [&[f64]; ROWS]) -> [[f64; ROWS]; 2] {
     use std::arch::x86_64::*;
-    let mut lo = [_mm256_setzero_pd(); ROWS];
-    let mut hi = [_mm256_setzero_pd(); ROWS];
-    for k in (0..w.len()).step_by(LANES) {
-        let w_lo = _mm256_cvtps_pd(_mm_loadu_ps(w.as_ptr().add(k)));
-        let w_hi = _mm256_cvtps_pd(_mm_loadu_ps(w.as_ptr().add(k + 4)));
+    let mut acc = [[_mm256_setzero_pd(); ROWS]; 2];
+    for k in (0..w[0].len()).step_by(LANES) {
+        let w0 = _mm256_cvtps_pd(_mm_loadu_ps(w[0].as_ptr().add(k)));
+        let w1 = _mm256_cvtps_pd(_mm_loadu_ps(w[1].as_ptr().add(k)));
         for r in 0..ROWS {
-            lo[r] = _mm256_fmadd_pd(w_lo, _mm256_loadu_pd(x[r].as_ptr().add(k)), lo[r]);
-            hi[r] = _mm256_fmadd_pd(w_hi, _mm256_loadu_pd(x[r].as_ptr().add(k + 4)), hi[r]);
+            let xr = _mm256_loadu_pd(x[r].as_ptr().add(k));
+            acc[0][r] = _mm256_fmadd_pd(w0, xr, acc[0][r]);
+            acc[1][r] = _mm256_fmadd_pd(w1, xr, acc[1][r]);
         }
     }
-    let reduce = |r: usize| {
+    let reduce = |v: __m256d| {
         let mut q = [0f64; 4];
-        _mm256_storeu_pd(q.as_mut_ptr(), _mm256_add_pd(lo[r], hi[r]));
+        _mm256_storeu_pd(q.as_mut_ptr(), v);
         (q[0] + q[2]) + (q[1] + q[3])
     };
-    [reduce(0), reduce(1), reduce(2), reduce(3)]
+    let row = |a: [__m256d; ROWS]| [reduce(a[0]), reduce(a[1]), reduce(a[2]), reduce(a[3])];
+    [row(acc[0]), row(acc[1])]
 }
 
 /// Columns `columns` of four consecutive rows of `acts` (`[n, cols]`) starting at row
@@ -80,7 +85,7 @@ fn four_rows(
 }
 
 /// Calls `emit(t, r, j, Σ_{k in group j} w[r, k]·acts[t, k])` for every activation row t,
-/// weight row r of the strip `w` (`[rows, cols]`) and column group j of `group` columns, with
+/// weight row r of the strip `w` (`[rows, cols]`, an even number of rows) and column group j of `group` columns, with
 /// j in ascending order for each (t, r). Group-outer so that the activations' group (`n` rows
 /// of `group` f64) stays in L1 while the weight rows stream past.
 #[inline(always)]
@@ -96,13 +101,16 @@ fn strip_dots<const AVX2: bool>(
         return;
     }
     for j in 0..cols / group {
-        for (r, row) in w.chunks_exact(cols).enumerate() {
-            let segment = &row[j * group..][..group];
+        let columns = j * group..(j + 1) * group;
+        for (pair, rows) in w.chunks_exact(2 * cols).enumerate() {
+            let (w0, w1) = rows.split_at(cols);
+            let segments = [&w0[columns.clone()], &w1[columns.clone()]];
             for first in (0..n).step_by(ROWS) {
-                let x = four_rows(acts, cols, first, j * group..(j + 1) * group);
-                let sums = dot4::<AVX2>(segment, x);
-                for (i, &sum) in sums.iter().enumerate().take(n - first) {
-                    emit(first + i, r, j, sum);
+                let sums = dot2x4::<AVX2>(segments, four_rows(acts, cols, first, columns.clone()));
+                for (i, sums) in sums.iter().enumerate() {
+                    for (t, &sum) in sums.iter().enumerate().take(n - first) {
+                        emit(first + t, 2 * pair + i, j, sum);
+                    }
                 }
             }
         }
@@ -237,20 +245,24 @@ mod tests {
     }
 
     #[test]
-    fn dot4_matches_a_plain_sum_per_row() {
-        let w: Vec<f32> = (0..16).map(|i| i as f32).collect();
-        let x: Vec<Vec<f64>> = (0..4)
-            .map(|r| (0..16).map(|i| ((i + r) % 3) as f64).collect())
+    fn dot2x4_matches_a_plain_sum_per_pair_of_rows() {
+        let w: Vec<Vec<f32>> = (0..2)
+            .map(|i| (0..16).map(|k| (k * (i + 1)) as f32).collect())
             .collect();
-        let x = [&x[0][..], &x[1], &x[2], &x[3]];
-        let sums = dot4::<false>(&w, x);
-        for (r, sum) in sums.iter().enumerate() {
-            let plain: f64 = w.iter().zip(x[r]).map(|(&a, b)| f64::from(a) * b).sum();
-            assert_eq!(*sum, plain);
+        let x: Vec<Vec<f64>> = (0..4)
+            .map(|r| (0..16).map(|k| ((k + r) % 3) as f64).collect())
+            .collect();
+        let (w, x) = ([&w[0][..], &w[1]], [&x[0][..], &x[1], &x[2], &x[3]]);
+        let sums = dot2x4::<false>(w, x);
+        for (i, sums) in sums.iter().enumerate() {
+            for (r, sum) in sums.iter().enumerate() {
+                let plain: f64 = w[i].iter().zip(x[r]).map(|(&a, b)| f64::from(a) * b).sum();
+                assert_eq!(*sum, plain);
+            }
         }
         if crate::simd::avx2_fma() {
-            // SAFETY: the CPU has the features; equal lengths, a multiple of 8.
-            assert_eq!(unsafe { dot4_avx2(&w, x) }, sums);
+            // SAFETY: the CPU has the features; equal lengths, a multiple of 4.
+            assert_eq!(unsafe { dot2x4_avx2(w, x) }, sums);
         }
     }
 }

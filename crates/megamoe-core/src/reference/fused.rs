@@ -14,12 +14,13 @@
 //!     block_sum = f32( Σ_{k in group j} q_x[t,k] · q_w[n,k] )      exact, then one rounding
 //!     scale     = sa[t,j] · sb[n/128, j·G/128]                        f32 multiply
 //!     running   = fma(block_sum, scale, running)                     f32, one rounding
-//! h[t,n] = running
+//! out[t,n] = running        (L1: h, f32; L2: o = bf16(running), round to nearest even)
 //! ```
 //!
 //! The SwiGLU in f32: g = min(g, c), u = clamp(u, −c, c) when clamped;
-//! silu(g) = g / (1 + e) with e = f32(exp_f64(−g)) (the correctly rounded f32 exponential,
-//! platform-independent unlike f32 `exp`); a = (silu(g) · u) · topk_weight.
+//! silu(g) = g / (1 + e) with e = f32(exp_f64(−g)) (the f64 exponential rounded once: the
+//! same bits on every platform in practice, unlike f32 `exp`); a = (silu(g) · u) · topk_weight.
+//! Then a is re-quantized per G columns (floor 1e-10) for L2. The combine is in `super`.
 
 use half::bf16;
 
@@ -54,58 +55,55 @@ pub(super) fn expert(
     expert: usize,
     routed: &mut [Routed<bf16>],
 ) {
+    let Shape {
+        hidden,
+        inter,
+        topk,
+        ..
+    } = world.shape;
+    let n = routed.len();
+    let mut x = Vec::with_capacity(n * hidden);
+    let mut x_scales = Vec::with_capacity(n * hidden / INPUT_GROUP);
+    for r in routed.iter() {
+        let q = &inputs[r.rank];
+        x.extend(
+            q.codes[r.token * hidden..][..hidden]
+                .iter()
+                .map(|&c| f64::from(e4m3_to_f32(c))),
+        );
+        x_scales
+            .extend_from_slice(&q.scales[r.token * hidden / INPUT_GROUP..][..hidden / INPUT_GROUP]);
+    }
+    let x = ScaledRows {
+        values: &x,
+        scales: &x_scales,
+        group: INPUT_GROUP,
+    };
+    let h = gemm(weights, expert, Matrix::W1, &x);
+    let mut a = vec![0f32; n * inter];
+    for ((a, h), r) in a
+        .chunks_exact_mut(inter)
+        .zip(h.chunks_exact(2 * inter))
+        .zip(routed.iter())
     {
-        let Shape {
-            hidden,
-            inter,
-            topk,
-            ..
-        } = world.shape;
-        let n = routed.len();
-        let mut x = Vec::with_capacity(n * hidden);
-        let mut x_scales = Vec::with_capacity(n * hidden / INPUT_GROUP);
-        for r in routed.iter() {
-            let q = &inputs[r.rank];
-            x.extend(
-                q.codes[r.token * hidden..][..hidden]
-                    .iter()
-                    .map(|&c| f64::from(e4m3_to_f32(c))),
-            );
-            x_scales.extend_from_slice(
-                &q.scales[r.token * hidden / INPUT_GROUP..][..hidden / INPUT_GROUP],
-            );
+        let weight = world.ranks[r.rank].topk_weights[r.token * topk + r.slot];
+        let (gate, up) = h.split_at(inter);
+        for ((a, &g), &u) in a.iter_mut().zip(gate).zip(up) {
+            *a = swiglu(g, u, options.clamp, weight);
         }
-        let x = ScaledRows {
-            values: &x,
-            scales: &x_scales,
-            group: INPUT_GROUP,
-        };
-        let h = gemm(weights, expert, Matrix::W1, &x);
-        let mut a = vec![0f32; n * inter];
-        for ((a, h), r) in a
-            .chunks_exact_mut(inter)
-            .zip(h.chunks_exact(2 * inter))
-            .zip(routed.iter())
-        {
-            let weight = world.ranks[r.rank].topk_weights[r.token * topk + r.slot];
-            let (gate, up) = h.split_at(inter);
-            for ((a, &g), &u) in a.iter_mut().zip(gate).zip(up) {
-                *a = swiglu(g, u, options.clamp, weight);
-            }
-        }
-        let a = quantize_rows(&a, n, inter, options.group, INTERMEDIATE_SCALE_FLOOR)
-            .expect("I is a multiple of 128");
-        let a_values: Vec<f64> = a.codes.iter().map(|&c| f64::from(e4m3_to_f32(c))).collect();
-        let a = ScaledRows {
-            values: &a_values,
-            scales: &a.scales,
-            group: options.group,
-        };
-        let o = gemm(weights, expert, Matrix::W2, &a);
-        for (r, o) in routed.iter_mut().zip(o.chunks_exact(hidden)) {
-            for (dst, &v) in r.out.iter_mut().zip(o) {
-                *dst = bf16::from_f32(v);
-            }
+    }
+    let a = quantize_rows(&a, n, inter, options.group, INTERMEDIATE_SCALE_FLOOR)
+        .expect("I is a multiple of 128");
+    let a_values: Vec<f64> = a.codes.iter().map(|&c| f64::from(e4m3_to_f32(c))).collect();
+    let a = ScaledRows {
+        values: &a_values,
+        scales: &a.scales,
+        group: options.group,
+    };
+    let o = gemm(weights, expert, Matrix::W2, &a);
+    for (r, o) in routed.iter_mut().zip(o.chunks_exact(hidden)) {
+        for (dst, &v) in r.out.iter_mut().zip(o) {
+            *dst = bf16::from_f32(v);
         }
     }
 }

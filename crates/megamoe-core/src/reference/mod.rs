@@ -125,12 +125,15 @@ where
             }
         }
     }
-    by_expert.retain(|routed| !routed.is_empty());
-    let total = by_expert.len();
+    let mut work: Vec<(usize, Vec<Routed<T>>)> = by_expert
+        .into_iter()
+        .enumerate()
+        .filter(|(_, routed)| !routed.is_empty())
+        .collect();
+    let total = work.len();
     let done = AtomicUsize::new(0);
-    by_expert.par_iter_mut().for_each(|routed| {
-        let expert = world.ranks[routed[0].rank].topk_idx[routed[0].token * topk + routed[0].slot];
-        compute(expert as usize, routed);
+    work.par_iter_mut().for_each(|(expert, routed)| {
+        compute(*expert, routed);
         progress(done.fetch_add(1, Ordering::Relaxed) + 1, total);
     });
     outputs

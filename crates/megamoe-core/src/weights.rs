@@ -18,11 +18,8 @@
 use rayon::prelude::*;
 
 use crate::error::Result;
-use crate::numerics::INPUT_SCALE_FLOOR;
-use crate::numerics::{amax, e4m3_from_f32, scale_factor};
+use crate::numerics::{amax, e4m3_from_f32, scale_factor, INPUT_SCALE_FLOOR};
 use crate::preset::Shape;
-#[cfg(doc)]
-use crate::quant::quantize_blocks;
 use crate::quant::{QuantBlocks, WEIGHT_BLOCK};
 
 /// One of an expert's two matrices.
@@ -251,20 +248,28 @@ impl WeightGen {
             });
         }
         let local = self.shape.local_experts(ranks);
-        let experts: Vec<ExpertFp8> = (rank * local..(rank + 1) * local)
-            .into_par_iter()
-            .map(|e| self.expert_fp8(e))
-            .collect();
-        let concat =
-            |part: fn(&ExpertFp8) -> &[u8]| experts.iter().flat_map(part).copied().collect();
-        let concat_scales =
-            |part: fn(&ExpertFp8) -> &[f32]| experts.iter().flat_map(part).copied().collect();
-        Ok(RankWeightsFp8 {
-            w1: concat(|x| &x.w1.codes),
-            s1: concat_scales(|x| &x.w1.scales),
-            w2: concat(|x| &x.w2.codes),
-            s2: concat_scales(|x| &x.w2.scales),
-        })
+        let (w1, w2) = (self.dims(Matrix::W1), self.dims(Matrix::W2));
+        let blocks = |(rows, cols): (usize, usize)| rows * cols / (WEIGHT_BLOCK * WEIGHT_BLOCK);
+        let mut out = RankWeightsFp8 {
+            w1: vec![0; local * w1.0 * w1.1],
+            s1: vec![0.0; local * blocks(w1)],
+            w2: vec![0; local * w2.0 * w2.1],
+            s2: vec![0.0; local * blocks(w2)],
+        };
+        out.w1
+            .par_chunks_mut(w1.0 * w1.1)
+            .zip(out.s1.par_chunks_mut(blocks(w1)))
+            .zip(out.w2.par_chunks_mut(w2.0 * w2.1))
+            .zip(out.s2.par_chunks_mut(blocks(w2)))
+            .enumerate()
+            .for_each(|(i, (((w1, s1), w2), s2))| {
+                let expert = self.expert_fp8(rank * local + i);
+                w1.copy_from_slice(&expert.w1.codes);
+                s1.copy_from_slice(&expert.w1.scales);
+                w2.copy_from_slice(&expert.w2.codes);
+                s2.copy_from_slice(&expert.w2.scales);
+            });
+        Ok(out)
     }
 }
 

@@ -47,12 +47,15 @@ pub struct QuantParams {
 }
 assert_layout!(QuantParams, 32, 8);
 
-/// Threads per block and 128-column blocks per half-warp of the quantizer.
+/// Threads per block of the quantizer.
 pub const QUANT_THREADS: u32 = 256;
-pub const QUANT_BLOCKS_PER_HALF_WARP: u32 = 2;
+/// 128-column blocks per half-warp of every registered quantizer configuration (loads in
+/// flight per thread), and the one [`crate::Quantizer::new`] uses.
+pub const QUANT_BLOCKS_PER_HALF_WARP: [u32; 3] = [1, 2, 4];
+pub const QUANT_DEFAULT_BLOCKS_PER_HALF_WARP: u32 = 2;
 
-pub fn quant_e4m3() -> KernelSpec {
-    let b = QUANT_BLOCKS_PER_HALF_WARP;
+pub fn quant_e4m3(blocks_per_half_warp: u32) -> KernelSpec {
+    let b = blocks_per_half_warp;
     unit(
         &format!("quant_e4m3_b{b}"),
         "quant_e4m3.cuh",
@@ -154,11 +157,7 @@ pub fn tma_check() -> KernelSpec {
 
 /// Every configuration this crate compiles.
 pub fn kernel_specs() -> Vec<KernelSpec> {
-    vec![
-        quant_e4m3(),
-        nvlink_copy(),
-        rank_barrier(),
-        launch_check(),
-        tma_check(),
-    ]
+    let mut specs: Vec<KernelSpec> = QUANT_BLOCKS_PER_HALF_WARP.map(quant_e4m3).into();
+    specs.extend([nvlink_copy(), rank_barrier(), launch_check(), tma_check()]);
+    specs
 }

@@ -3,7 +3,7 @@
 
 use crate::device::{DeviceBuffer, Gpu, Kernel, LaunchConfig, Timer};
 use crate::error::{Error, Result};
-use crate::kernels::{self, CopyParams, COPY_THREADS};
+use crate::kernels::{self, CopyParams, QuantConfig, COPY_THREADS};
 use crate::quant::Quantizer;
 
 /// HBM bandwidth of the floor (ANCHORS: 4.2 TB/s).
@@ -189,7 +189,7 @@ pub fn nvlink(bytes: usize, blocks: &[u32], iters: usize) -> Result<Vec<NvlinkRo
 /// One quantization measurement.
 #[derive(Debug, Clone)]
 pub struct QuantRow {
-    pub blocks_per_half_warp: u32,
+    pub config: QuantConfig,
     pub rows: usize,
     pub cols: usize,
     pub stats: Stats,
@@ -199,18 +199,18 @@ pub struct QuantRow {
     pub floor_ms: f64,
 }
 
-/// Times each quantizer configuration (`blocks_per_half_warp`) on `gpu` for a `[rows, cols]`
+/// Times each quantizer configuration on `gpu` for a `[rows, cols]`
 /// bf16 input, the configurations interleaved launch by launch.
 pub fn quant(
     gpu: &Gpu,
     rows: usize,
     cols: usize,
-    configs: &[u32],
+    configs: &[QuantConfig],
     iters: usize,
 ) -> Result<Vec<QuantRow>> {
     let quantizers: Vec<Quantizer> = configs
         .iter()
-        .map(|&b| Quantizer::with_config(gpu, b))
+        .map(|&c| Quantizer::with_config(gpu, c))
         .collect::<Result<_>>()?;
     let x = gpu.alloc(rows * cols * 2)?;
     x.memset(0x3f)?;
@@ -235,8 +235,8 @@ pub fn quant(
     Ok(configs
         .iter()
         .zip(times)
-        .map(|(&b, t)| QuantRow {
-            blocks_per_half_warp: b,
+        .map(|(&config, t)| QuantRow {
+            config,
             rows,
             cols,
             stats: Stats::of(&t),

@@ -3,7 +3,7 @@
 
 use crate::device::{DeviceBuffer, Gpu, Kernel, LaunchConfig};
 use crate::error::{Error, Result};
-use crate::kernels::{self, QuantParams, QUANT_DEFAULT_BLOCKS_PER_HALF_WARP, QUANT_THREADS};
+use crate::kernels::{self, QuantConfig, QuantParams, QUANT_THREADS};
 use half::bf16;
 
 /// Scale floor of inputs (SPEC §3).
@@ -12,30 +12,31 @@ pub const INPUT_SCALE_FLOOR: f32 = 1e-4;
 /// The quantization kernel, loaded on one GPU.
 pub struct Quantizer {
     kernel: Kernel,
-    blocks_per_half_warp: u32,
+    config: QuantConfig,
+    sm_count: u32,
 }
 
 impl Quantizer {
     /// The default configuration.
     pub fn new(gpu: &Gpu) -> Result<Quantizer> {
-        Quantizer::with_config(gpu, QUANT_DEFAULT_BLOCKS_PER_HALF_WARP)
+        Quantizer::with_config(gpu, QuantConfig::DEFAULT)
     }
 
-    /// A configuration with `blocks_per_half_warp` 128-column blocks per half-warp.
-    pub fn with_config(gpu: &Gpu, blocks_per_half_warp: u32) -> Result<Quantizer> {
-        if !kernels::QUANT_BLOCKS_PER_HALF_WARP.contains(&blocks_per_half_warp) {
+    pub fn with_config(gpu: &Gpu, config: QuantConfig) -> Result<Quantizer> {
+        if !kernels::QUANT_BLOCKS_PER_HALF_WARP.contains(&config.blocks_per_half_warp) {
             return Err(Error::Invalid {
-                arg: "blocks_per_half_warp",
+                arg: "config",
                 reason: format!(
-                    "{blocks_per_half_warp} is not one of {:?}",
+                    "{config}: blocks per half-warp must be one of {:?}",
                     kernels::QUANT_BLOCKS_PER_HALF_WARP
                 ),
             });
         }
-        let compiled = crate::jit::compile(&kernels::quant_e4m3(blocks_per_half_warp))?;
+        let compiled = crate::jit::compile(&kernels::quant_e4m3(config.blocks_per_half_warp))?;
         Ok(Quantizer {
             kernel: gpu.load(&compiled)?,
-            blocks_per_half_warp,
+            config,
+            sm_count: gpu.props().sm_count,
         })
     }
 
@@ -79,8 +80,11 @@ impl Quantizer {
             return Ok(());
         }
         let blocks = (rows * cols / 128) as u64;
-        let per_cta = (QUANT_THREADS / 16 * self.blocks_per_half_warp) as u64;
-        let grid = blocks.div_ceil(per_cta);
+        let per_cta = (QUANT_THREADS / 16 * self.config.blocks_per_half_warp) as u64;
+        let mut grid = blocks.div_ceil(per_cta);
+        if self.config.ctas_per_sm > 0 {
+            grid = grid.min(self.sm_count as u64 * self.config.ctas_per_sm as u64);
+        }
         let params = QuantParams {
             x: x.ptr(),
             q: q.ptr(),

@@ -200,6 +200,17 @@ impl World {
         &self.ranks
     }
 
+    /// Loads `kernel` once per GPU; entry r is the kernel for rank r.
+    pub fn load(&self, kernel: &crate::jit::CompiledKernel) -> Result<Vec<Arc<Kernel>>> {
+        let per_gpu: Vec<Arc<Kernel>> = self.ranks[..self.gpu_count]
+            .iter()
+            .map(|r| r.gpu.load(kernel).map(Arc::new))
+            .collect::<Result<_>>()?;
+        Ok((0..self.size())
+            .map(|r| per_gpu[r % self.gpu_count].clone())
+            .collect())
+    }
+
     /// A zeroed symmetric buffer of `bytes` per rank.
     pub fn alloc_symmetric(&self, bytes: usize) -> Result<SymmetricBuffer> {
         let gpus: Vec<&Gpu> = self.ranks.iter().map(|r| &r.gpu).collect();
@@ -209,6 +220,10 @@ impl World {
     /// Runs `f` on every rank, each in its own host thread with its GPU bound, and returns one
     /// result per rank. If any rank fails, every rank's result is an error: the failing ranks
     /// keep theirs, the others get [`Error::PeerFailed`] naming the first failed rank.
+    ///
+    /// Load modules ([`World::load`]) and allocate buffers before `run`, not inside it: module
+    /// loads and frees may wait for the whole device, and with virtual ranks a rank blocked
+    /// behind another rank's device-side wait never arrives (the deadline then reports it).
     pub fn run<T: Send>(&self, f: impl Fn(&Rank) -> Result<T> + Sync) -> Vec<Result<T>> {
         let results: Vec<Result<T>> = std::thread::scope(|s| {
             let handles: Vec<_> = self

@@ -3,7 +3,9 @@
 
 use crate::device::{Gpu, LaunchConfig};
 use crate::error::{Error, Result};
-use crate::kernels::{self, LaunchCheckParams, TmaCheckParams, TMA_TILE_COLS, TMA_TILE_ROWS};
+use crate::kernels::{
+    self, LaunchCheckParams, QuantConfig, TmaCheckParams, TMA_TILE_COLS, TMA_TILE_ROWS,
+};
 use crate::quant::{quantize_reference, Quantizer};
 use crate::ranks::World;
 use crate::tma::{Swizzle, TiledMap, TmaDtype};
@@ -200,20 +202,23 @@ fn symmetric(size: usize) -> Result<String> {
     let n = world.size();
     let words = 1 << 16;
     let buf = world.alloc_symmetric(words * 4)?;
-    let compiled = crate::jit::compile(&kernels::nvlink_copy())?;
+    let copy = world.load(&*crate::jit::compile(&kernels::nvlink_copy())?)?;
+    let pattern =
+        |rank: usize| -> Vec<u32> { (0..words as u32).map(|i| i ^ (rank as u32) << 24).collect() };
+    let sources = world
+        .ranks()
+        .iter()
+        .map(|r| r.gpu.alloc_from(&pattern(r.rank)))
+        .collect::<Result<Vec<_>>>()?;
     let results = world.run(|rank| {
-        let kernel = rank.gpu.load(&compiled)?;
-        let mine: Vec<u32> = (0..words as u32)
-            .map(|i| i ^ (rank.rank as u32) << 24)
-            .collect();
-        let src = rank.gpu.alloc_from(&mine)?;
+        let src = &sources[rank.rank];
         let params = kernels::CopyParams {
             dst: buf.ptr((rank.rank + 1) % n),
             src: src.ptr(),
             bytes: (words * 4) as u64,
         };
         rank.gpu.launch(
-            &kernel,
+            &copy[rank.rank],
             &LaunchConfig::new(16, kernels::COPY_THREADS),
             &params,
         )?;
@@ -221,8 +226,7 @@ fn symmetric(size: usize) -> Result<String> {
         rank.barrier()?;
         let got: Vec<u32> = buf.local(rank.rank).download()?;
         let from = (rank.rank + n - 1) % n;
-        let want: Vec<u32> = (0..words as u32).map(|i| i ^ (from as u32) << 24).collect();
-        if got != want {
+        if got != pattern(from) {
             return Err(fail(format!(
                 "rank {}: data from rank {from} differs",
                 rank.rank
@@ -291,10 +295,18 @@ fn skip(size: usize) -> Result<String> {
 }
 
 /// Random bf16 data of many magnitudes (and all-zero and tiny blocks) quantized on the GPU must
-/// equal the CPU rule bit for bit, scales included.
+/// equal the CPU rule bit for bit, scales included, for every kernel configuration and for a
+/// persistent grid that loops many times.
 fn quant() -> Result<String> {
     let gpu = Gpu::new(0)?;
-    let quantizer = Quantizer::new(&gpu)?;
+    let configs: Vec<QuantConfig> = ["b1", "b2", "b4", "b2p1", "b4p8"]
+        .iter()
+        .map(|c| c.parse())
+        .collect::<Result<_>>()?;
+    let quantizers = configs
+        .iter()
+        .map(|&c| Quantizer::with_config(&gpu, c))
+        .collect::<Result<Vec<_>>>()?;
     let mut seed = 0x9e3779b97f4a7c15u64;
     let mut next = move || {
         seed ^= seed << 13;
@@ -325,27 +337,32 @@ fn quant() -> Result<String> {
         let xd = gpu.alloc_from(&x)?;
         let q = gpu.alloc(rows * cols)?;
         let sf = gpu.alloc(rows * cols / 128 * 4)?;
-        q.memset(0xa5)?; // poisoned: every byte must be written
-        sf.memset(0xa5)?;
-        quantizer.launch(&gpu, &xd, &q, &sf, rows, cols)?;
-        gpu.synchronize()?;
-        let got_q: Vec<u8> = q.download()?;
-        let got_sf: Vec<f32> = sf.download()?;
-        if let Some(i) = (0..got_q.len()).find(|&i| got_q[i] != want_q[i]) {
-            return Err(fail(format!(
-                "[{rows}, {cols}]: q[{i}] = {:#04x}, CPU {:#04x} (x = {})",
-                got_q[i], want_q[i], x[i]
-            )));
-        }
-        if let Some(i) = (0..got_sf.len()).find(|&i| got_sf[i].to_bits() != want_sf[i].to_bits()) {
-            return Err(fail(format!(
-                "[{rows}, {cols}]: sf[{i}] = {}, CPU {}",
-                got_sf[i], want_sf[i]
-            )));
+        for (quantizer, config) in quantizers.iter().zip(&configs) {
+            q.memset(0xa5)?; // poisoned: every byte must be written
+            sf.memset(0xa5)?;
+            quantizer.launch(&gpu, &xd, &q, &sf, rows, cols)?;
+            gpu.synchronize()?;
+            let got_q: Vec<u8> = q.download()?;
+            let got_sf: Vec<f32> = sf.download()?;
+            if let Some(i) = (0..got_q.len()).find(|&i| got_q[i] != want_q[i]) {
+                return Err(fail(format!(
+                    "{config} [{rows}, {cols}]: q[{i}] = {:#04x}, CPU {:#04x} (x = {})",
+                    got_q[i], want_q[i], x[i]
+                )));
+            }
+            if let Some(i) =
+                (0..got_sf.len()).find(|&i| got_sf[i].to_bits() != want_sf[i].to_bits())
+            {
+                return Err(fail(format!(
+                    "{config} [{rows}, {cols}]: sf[{i}] = {}, CPU {}",
+                    got_sf[i], want_sf[i]
+                )));
+            }
         }
     }
     Ok(format!(
-        "{} shapes up to [8192, 7168], bitwise equal",
-        shapes.len()
+        "{} shapes up to [8192, 7168] x {} configs, bitwise equal",
+        shapes.len(),
+        configs.len()
     ))
 }

@@ -1,5 +1,6 @@
 //! `megamoe bench quant`: bf16 -> e4m3 per-128 quantization time against the HBM floor.
 
+use megamoe_cuda::kernels::QuantConfig;
 use megamoe_cuda::{bench, Gpu};
 
 #[derive(clap::Args)]
@@ -10,9 +11,9 @@ pub struct Args {
     /// Hidden size (columns, a multiple of 128).
     #[arg(long, default_value_t = 7168)]
     pub hidden: usize,
-    /// Kernel configurations (128-column blocks per half-warp) to compare.
-    #[arg(long, value_delimiter = ',', default_values_t = megamoe_cuda::kernels::QUANT_BLOCKS_PER_HALF_WARP)]
-    pub configs: Vec<u32>,
+    /// Configurations to compare: b<blocks per half-warp>[p<thread blocks per SM>].
+    #[arg(long, value_delimiter = ',', default_value = "b2,b2p8,b4p8,b4p4,b1p8")]
+    pub configs: Vec<QuantConfig>,
     /// Timed launches per shape (median reported).
     #[arg(long, default_value_t = 20)]
     pub iters: usize,
@@ -35,7 +36,7 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                 "{:>6} {:>6} {:>6} {:>10.1} {:>10.1} {:>10.1} {:>8.2} {:>8.0}%",
                 r.rows,
                 r.cols,
-                format!("b{}", r.blocks_per_half_warp),
+                r.config.to_string(),
                 s.median_ms * 1e3,
                 s.min_ms * 1e3,
                 r.floor_ms * 1e3,

@@ -12,7 +12,7 @@ pub struct Args {
     #[arg(long, default_value_t = 7168)]
     pub hidden: usize,
     /// Configurations to compare: b<blocks per half-warp>[p<thread blocks per SM>].
-    #[arg(long, value_delimiter = ',', default_value = "b2,b2p8,b4p8,b4p4,b1p8")]
+    #[arg(long, value_delimiter = ',', default_value = "b1,b2,b4,b2p4")]
     pub configs: Vec<QuantConfig>,
     /// Timed launches per shape (median reported).
     #[arg(long, default_value_t = 20)]

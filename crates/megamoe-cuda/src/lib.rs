@@ -47,8 +47,8 @@
 //! - [`World`] of R ranks (R may exceed the GPU count: virtual ranks), one host thread per rank
 //!   ([`World::run`], errors on every rank when one fails), [`SymmetricBuffer`]s with per-rank
 //!   peer pointer tables, and [`Rank::barrier`], a device-side barrier with a deadline.
-//! - [`Quantizer`]: bf16 → e4m3 per-128 quantization, bitwise equal to
-//!   [`quant::quantize_reference`]; [`bench`]: NVLink and quantization benchmarks;
+//! - [`Quantizer`]: bf16 → e4m3 per-128 quantization, bitwise equal to megamoe-core's
+//!   `quant::quantize_rows`; [`bench`]: NVLink and quantization benchmarks;
 //!   [`selftest`]: the GPU checks `megamoe selftest` runs.
 //!
 //! # Finding CUDA

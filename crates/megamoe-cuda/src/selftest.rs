@@ -6,11 +6,13 @@ use crate::error::{Error, Result};
 use crate::kernels::{
     self, LaunchCheckParams, QuantConfig, TmaCheckParams, TMA_TILE_COLS, TMA_TILE_ROWS,
 };
-use crate::quant::{quantize_reference, Quantizer};
+use crate::quant::Quantizer;
 use crate::ranks::World;
 use crate::tma::{Swizzle, TiledMap, TmaDtype};
 use crate::wait::{deadline_ns, WaitRecord, DEFAULT_DEADLINE};
 use half::bf16;
+use megamoe_core::numerics::INPUT_SCALE_FLOOR;
+use megamoe_core::quant::quantize_rows;
 use std::time::{Duration, Instant};
 
 /// One named check.
@@ -294,8 +296,39 @@ fn skip(size: usize) -> Result<String> {
     ))
 }
 
+/// A xorshift64 generator: the same data on every run.
+pub struct XorShift(pub u64);
+
+impl XorShift {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// bf16 test input of `len` values in 128-value blocks: every 35th block all zero, every 5th
+/// tiny (below the scale floor), the rest random magnitudes 2^-20 .. 2^12 of either sign.
+pub fn quant_input(rng: &mut XorShift, len: usize) -> Vec<bf16> {
+    (0..len)
+        .map(|i| {
+            let r = rng.next_u64();
+            match (i / 128) % 35 {
+                0 => bf16::ZERO,
+                b if b % 5 == 0 => bf16::from_bits((r as u16 & 0x807f) | 0x0080),
+                _ => {
+                    let exp = (r >> 20) % 32;
+                    let mag = f32::from_bits(((107 + exp as u32) << 23) | (r as u32 & 0x7fffff));
+                    bf16::from_f32(if r & 1 == 0 { mag } else { -mag })
+                }
+            }
+        })
+        .collect()
+}
+
 /// Random bf16 data of many magnitudes (and all-zero and tiny blocks) quantized on the GPU must
-/// equal the CPU rule bit for bit, scales included, for every kernel configuration and for a
+/// equal megamoe-core's quantizer bit for bit, scales included, for every kernel configuration and for a
 /// persistent grid that loops many times.
 fn quant() -> Result<String> {
     let gpu = Gpu::new(0)?;
@@ -307,33 +340,14 @@ fn quant() -> Result<String> {
         .iter()
         .map(|&c| Quantizer::with_config(&gpu, c))
         .collect::<Result<Vec<_>>>()?;
-    let mut seed = 0x9e3779b97f4a7c15u64;
-    let mut next = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut rng = XorShift(0x9e3779b97f4a7c15);
     let shapes = [(1, 128), (3, 384), (77, 4096), (8192, 7168)];
     for (rows, cols) in shapes {
-        let x: Vec<bf16> = (0..rows * cols)
-            .map(|i| {
-                let r = next();
-                let block = i / 128;
-                // Every 7th block is all zero, every 5th tiny, the rest spans 2^-20 .. 2^12.
-                match block % 35 {
-                    0 => bf16::ZERO,
-                    b if b % 5 == 0 => bf16::from_bits((r as u16 & 0x807f) | 0x0080),
-                    _ => {
-                        let exp = (r >> 20) % 32;
-                        let mag =
-                            f32::from_bits(((107 + exp as u32) << 23) | (r as u32 & 0x7fffff));
-                        bf16::from_f32(if r & 1 == 0 { mag } else { -mag })
-                    }
-                }
-            })
-            .collect();
-        let (want_q, want_sf) = quantize_reference(&x, rows, cols);
+        let x = quant_input(&mut rng, rows * cols);
+        let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+        let want = quantize_rows(&xf, rows, cols, 128, INPUT_SCALE_FLOOR)
+            .map_err(|e| fail(e.to_string()))?;
+        let (want_q, want_sf) = (want.codes, want.scales);
         let xd = gpu.alloc_from(&x)?;
         let q = gpu.alloc(rows * cols)?;
         let sf = gpu.alloc(rows * cols / 128 * 4)?;

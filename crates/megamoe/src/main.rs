@@ -2,6 +2,9 @@
 //! subcommand lives in its own file under `cmd/` and calls the library crates.
 
 mod cmd;
+mod progress;
+
+use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
@@ -18,6 +21,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the fused MoE layer on a generated batch (the CPU reference where no GPU layer runs).
+    Run(cmd::run::RunArgs),
+    /// Symmetric-buffer sizes (split vs fused) and the schedule of one preset.
+    Plan(cmd::plan::PlanArgs),
     /// Run every GPU check the binary holds and print pass/fail per check.
     Selftest(cmd::selftest::Args),
     /// List GPUs, peer access, library versions and the JIT cache.
@@ -35,16 +42,21 @@ enum Bench {
     Quant(cmd::bench_quant::Args),
 }
 
-fn main() {
+fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
+        Command::Run(args) => cmd::run::run(args),
+        Command::Plan(args) => cmd::plan::run(args),
         Command::Selftest(args) => cmd::selftest::run(args),
         Command::Info(args) => cmd::info::run(args),
         Command::Bench(Bench::Nvlink(args)) => cmd::bench_nvlink::run(args),
         Command::Bench(Bench::Quant(args)) => cmd::bench_quant::run(args),
     };
-    if let Err(err) = result {
-        eprintln!("megamoe: error: {err}");
-        std::process::exit(1);
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("megamoe: error: {e}");
+            ExitCode::FAILURE
+        }
     }
 }

@@ -3,4 +3,6 @@
 pub mod bench_nvlink;
 pub mod bench_quant;
 pub mod info;
+pub mod plan;
+pub mod run;
 pub mod selftest;

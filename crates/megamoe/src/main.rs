@@ -29,13 +29,15 @@ enum Command {
     Selftest(cmd::selftest::Args),
     /// List GPUs, peer access, library versions and the JIT cache.
     Info(cmd::info::Args),
-    /// Benchmarks.
+    /// Benchmarks next to their floors.
     #[command(subcommand)]
     Bench(Bench),
 }
 
 #[derive(Subcommand)]
 enum Bench {
+    /// FP8 grouped GEMM (L1 or L2 of one MoE layer) with the floor and DeepGEMM's time.
+    Gemm(cmd::bench_gemm::BenchGemmArgs),
     /// NVLink exchange between GPUs 0 and 1: pull and push GB/s, one and both directions.
     Nvlink(cmd::bench_nvlink::Args),
     /// bf16 -> e4m3 per-128 quantization against the HBM floor.
@@ -49,6 +51,7 @@ fn main() -> ExitCode {
         Command::Plan(args) => cmd::plan::run(args),
         Command::Selftest(args) => cmd::selftest::run(args),
         Command::Info(args) => cmd::info::run(args),
+        Command::Bench(Bench::Gemm(args)) => cmd::bench_gemm::run(args),
         Command::Bench(Bench::Nvlink(args)) => cmd::bench_nvlink::run(args),
         Command::Bench(Bench::Quant(args)) => cmd::bench_quant::run(args),
     };

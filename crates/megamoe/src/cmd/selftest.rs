@@ -1,6 +1,7 @@
-//! `megamoe selftest`: every GPU check the binary holds, pass/fail per check.
+//! `megamoe selftest`: every GPU check the binary holds (the runtime's, then the grouped
+//! GEMM's), pass/fail per check.
 
-use megamoe_cuda::selftest::checks;
+use megamoe_cuda::Gpu;
 use std::time::Instant;
 
 #[derive(clap::Args)]
@@ -10,6 +11,8 @@ pub struct Args {
     pub only: Option<String>,
 }
 
+type CheckFn = Box<dyn Fn() -> Result<String, String>>;
+
 pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     match megamoe_cuda::device_count() {
         Ok(0) => {
@@ -18,23 +21,33 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         Err(e) => return Err(format!("no GPU: {e}").into()),
         Ok(_) => {}
     }
-    let checks: Vec<_> = checks()
+    let mut checks: Vec<(String, CheckFn)> = megamoe_cuda::selftest::checks()
         .into_iter()
-        .filter(|c| args.only.as_deref().is_none_or(|o| c.name.contains(o)))
+        .map(|c| {
+            let run: CheckFn = Box::new(move || (c.run)().map_err(|e| e.to_string()));
+            (c.name.to_string(), run)
+        })
         .collect();
+    let gpu = std::rc::Rc::new(Gpu::new(0)?);
+    for check in megamoe_gemm::checks::gpu_checks(gpu.props().sm_count as usize) {
+        let gpu = gpu.clone();
+        let run: CheckFn = Box::new(move || (check.run)(&gpu));
+        checks.push((check.name, run));
+    }
+    checks.retain(|(name, _)| args.only.as_deref().is_none_or(|o| name.contains(o)));
     if checks.is_empty() {
         return Err("no check matches `--only`".into());
     }
     let mut failed = 0;
-    for check in &checks {
+    for (name, run) in &checks {
         let start = Instant::now();
-        let outcome = (check.run)();
+        let outcome = run();
         let ms = start.elapsed().as_secs_f64() * 1e3;
         match outcome {
-            Ok(detail) => println!("PASS  {:42} {ms:8.1} ms  {detail}", check.name),
+            Ok(detail) => println!("PASS  {name:42} {ms:8.1} ms  {detail}"),
             Err(e) => {
                 failed += 1;
-                println!("FAIL  {:42} {ms:8.1} ms  {e}", check.name);
+                println!("FAIL  {name:42} {ms:8.1} ms  {e}");
             }
         }
     }

@@ -405,51 +405,56 @@ fn bad_inputs_are_rejected_naming_the_argument() {
     let run = |world: &WorldInputs, options: &LayerOptions| {
         fused_layer(world, &weights, options, &no_progress)
     };
+    // Input errors name the rank and the argument.
+    let on_rank = |result: Result<Vec<Vec<bf16>>, Error>, rank: usize| match result {
+        Err(Error::OnRank { rank: r, source }) if r == rank => *source,
+        other => panic!("expected an error on rank {rank}, got {other:?}"),
+    };
 
     let mut twice = good.clone();
     twice.ranks[1].topk_idx[0..2].copy_from_slice(&[5, 5]);
     assert!(matches!(
-        run(&twice, &options),
-        Err(Error::DuplicateExpert {
+        on_rank(run(&twice, &options), 1),
+        Error::DuplicateExpert {
             arg: "topk_idx",
             row: 0,
             expert: 5,
             ..
-        })
+        }
     ));
 
     let mut out_of_range = good.clone();
     out_of_range.ranks[0].topk_idx[3] = 16;
     assert!(matches!(
-        run(&out_of_range, &options),
-        Err(Error::ExpertOutOfRange {
+        on_rank(run(&out_of_range, &options), 0),
+        Error::ExpertOutOfRange {
             arg: "topk_idx",
             ..
-        })
+        }
     ));
     out_of_range.ranks[0].topk_idx[3] = -2;
     assert!(matches!(
-        run(&out_of_range, &options),
-        Err(Error::ExpertOutOfRange {
+        on_rank(run(&out_of_range, &options), 0),
+        Error::ExpertOutOfRange {
             arg: "topk_idx",
             ..
-        })
+        }
     ));
 
     let mut short = good.clone();
     short.ranks[1].x.pop();
     assert!(matches!(
-        run(&short, &options),
-        Err(Error::Length { arg: "x", .. })
+        on_rank(run(&short, &options), 1),
+        Error::Length { arg: "x", .. }
     ));
     let mut short = good.clone();
     short.ranks[0].topk_weights.pop();
     assert!(matches!(
-        run(&short, &options),
-        Err(Error::Length {
+        on_rank(run(&short, &options), 0),
+        Error::Length {
             arg: "topk_weights",
             ..
-        })
+        }
     ));
 
     let bad_group = LayerOptions {

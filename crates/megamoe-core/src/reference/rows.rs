@@ -1,17 +1,17 @@
 //! The inner loops both reference paths share: one 128-row strip of an expert's weights against
-//! every activation row routed to the expert. Written so that LLVM vectorizes them (contiguous
-//! slices, independent f64 lanes, four activation rows per pass over a weight row) and
-//! dispatched to AVX2+FMA code (see `crate::simd`).
+//! every activation row routed to the expert, column group by column group, in tiles of 2
+//! weight rows × 4 activation rows with 4 independent f64 lanes per sum. Dispatched to AVX2+FMA
+//! code (see `crate::simd`); the tile itself uses AVX2 intrinsics there.
 
 use crate::quant::WEIGHT_BLOCK;
 
-/// Lanes of independent accumulators per activation row in [`dot4`].
+/// Independent accumulator lanes per sum in [`dot2x4`].
 const LANES: usize = 4;
 
 /// Activation rows per pass over a pair of weight rows.
 const ROWS: usize = 4;
 
-/// Σ_k w_i[k]·x_r[k] for two weight rows i and four activation rows r at once. Each sum runs
+/// `Σ_k w_i[k]·x_r[k]` for two weight rows i and four activation rows r at once. Each sum runs
 /// over 4 fused multiply-add lanes (lane = k mod 4) reduced as (l0+l2)+(l1+l3), so its bits
 /// depend only on its two rows, with or without `AVX2`. In the FP8 path every product and
 /// partial sum is exact (see `fused`), so there the order does not matter at all.

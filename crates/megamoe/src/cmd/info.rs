@@ -42,7 +42,7 @@ pub fn run(_args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         }
         Ok(_) => Gpu::all()?,
         Err(e) => {
-            println!("gpus     {e}");
+            println!("gpus     none: no GPU can be used on this machine ({e})");
             return Ok(());
         }
     };

@@ -21,8 +21,8 @@ reasons=$!
 stamp() { echo "$(date +%H:%M:%S.%N | cut -c1-12) $*" >> "$out/phases.txt"; }
 rm -f "$out/results.jsonl"
 stamp selftest
-timeout 120 "$bin" selftest > "$out/selftest.txt" 2>&1
-echo "selftest: $(grep -c '^ok' "$out/selftest.txt") ok, $(grep -c '^FAIL' "$out/selftest.txt") failed"
+timeout 150 "$bin" selftest > "$out/selftest.txt" 2>&1
+echo "selftest: $(grep -c '^PASS' "$out/selftest.txt") passed, $(grep -c '^FAIL' "$out/selftest.txt") failed"
 grep -E '^FAIL|error' "$out/selftest.txt"
 for shape in l1 l2; do
   stamp "bench $shape"

@@ -97,33 +97,11 @@ pub fn quantize_blocks(
     cols: usize,
     floor: f32,
 ) -> Result<QuantBlocks> {
-    let mut out = QuantBlocks {
-        rows: 0,
-        cols: 0,
-        codes: Vec::new(),
-        scales: Vec::new(),
-    };
-    quantize_blocks_into(values, rows, cols, floor, &mut out)?;
-    Ok(out)
-}
-
-/// [`quantize_blocks`] into `out`, reusing its buffers.
-pub fn quantize_blocks_into(
-    values: &[f32],
-    rows: usize,
-    cols: usize,
-    floor: f32,
-    out: &mut QuantBlocks,
-) -> Result<()> {
     check_matrix("values", values.len(), rows, cols)?;
     check_multiple("rows", rows, WEIGHT_BLOCK)?;
     check_multiple("cols", cols, WEIGHT_BLOCK)?;
-    out.rows = rows;
-    out.cols = cols;
-    out.codes.resize(values.len(), 0);
-    out.scales
-        .resize((rows / WEIGHT_BLOCK) * (cols / WEIGHT_BLOCK), 0.0);
-    let (codes, scales) = (&mut out.codes[..], &mut out.scales[..]);
+    let mut codes = vec![0u8; values.len()];
+    let mut scales = vec![0f32; (rows / WEIGHT_BLOCK) * (cols / WEIGHT_BLOCK)];
     #[cfg(target_arch = "x86_64")]
     if crate::simd::avx2_fma() {
         #[target_feature(enable = "avx2,fma")]
@@ -131,11 +109,21 @@ pub fn quantize_blocks_into(
             quantize_blocks_body(v, cols, floor, c, s)
         }
         // SAFETY: the CPU has the features `fast` is compiled for.
-        unsafe { fast(values, cols, floor, codes, scales) };
-        return Ok(());
+        unsafe { fast(values, cols, floor, &mut codes, &mut scales) };
+        return Ok(QuantBlocks {
+            rows,
+            cols,
+            codes,
+            scales,
+        });
     }
-    quantize_blocks_body(values, cols, floor, codes, scales);
-    Ok(())
+    quantize_blocks_body(values, cols, floor, &mut codes, &mut scales);
+    Ok(QuantBlocks {
+        rows,
+        cols,
+        codes,
+        scales,
+    })
 }
 
 /// Per 128-row strip: each block's amax over its 128 row segments, then each segment encoded

@@ -1,7 +1,8 @@
 //! Runtime dispatch of the hot loops (weight generation, quantization, the reference's inner
 //! products) to code compiled for AVX2 and FMA, so that they vectorize without raising the
-//! crate's baseline CPU. Nothing uses fast-math and Rust never contracts `a * b + c` into an
-//! FMA, so both versions give the same bits; only the speed differs.
+//! crate's baseline CPU. Nothing uses fast-math, Rust never contracts `a * b + c` into an FMA
+//! and `mul_add` is fused on both (in software without the FMA unit), so both versions give
+//! the same bits; only the speed differs.
 //!
 //! Pattern at each site: the body is an `#[inline(always)]` function; a
 //! `#[target_feature(enable = "avx2,fma")]` copy of it runs when [`avx2_fma`] says so.

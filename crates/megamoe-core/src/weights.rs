@@ -18,9 +18,9 @@
 use rayon::prelude::*;
 
 use crate::error::Result;
-use crate::numerics::INPUT_SCALE_FLOOR;
+use crate::numerics::{amax, e4m3_from_f32, scale_factor, INPUT_SCALE_FLOOR};
 use crate::preset::Shape;
-use crate::quant::{quantize_blocks, QuantBlocks, WEIGHT_BLOCK};
+use crate::quant::{QuantBlocks, WEIGHT_BLOCK};
 
 /// One of an expert's two matrices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,9 +101,23 @@ impl Matrix {
 pub trait WeightSource: Sync {
     fn shape(&self) -> Shape;
 
-    /// Writes rows `first_row…` of `matrix` of global expert `expert` into `out` (a whole
-    /// number of rows).
-    fn fill_rows(&self, expert: usize, matrix: Matrix, first_row: usize, out: &mut [f32]);
+    /// Writes columns `first_col…first_col + width` of rows `first_row…` of `matrix` of global
+    /// expert `expert` into `out` (`[out.len() / width, width]`, row-major).
+    fn fill_block(
+        &self,
+        expert: usize,
+        matrix: Matrix,
+        first_row: usize,
+        first_col: usize,
+        width: usize,
+        out: &mut [f32],
+    );
+
+    /// Writes whole rows `first_row…` of `matrix` of global expert `expert` into `out`.
+    fn fill_rows(&self, expert: usize, matrix: Matrix, first_row: usize, out: &mut [f32]) {
+        let cols = self.dims(matrix).1;
+        self.fill_block(expert, matrix, first_row, 0, cols, out)
+    }
 
     /// Rows and columns of `matrix`.
     fn dims(&self, matrix: Matrix) -> (usize, usize) {
@@ -116,26 +130,43 @@ impl WeightSource for WeightGen {
         self.shape
     }
 
-    /// Writes rows `first_row…` of `matrix` of global expert `expert` into `out` (a whole number
-    /// of rows).
-    fn fill_rows(&self, expert: usize, matrix: Matrix, first_row: usize, out: &mut [f32]) {
+    fn fill_block(
+        &self,
+        expert: usize,
+        matrix: Matrix,
+        first_row: usize,
+        first_col: usize,
+        width: usize,
+        out: &mut [f32],
+    ) {
         let (rows, cols) = self.dims(matrix);
         assert!(expert < self.shape.experts, "expert {expert} out of range");
         assert!(
-            out.len() % cols == 0 && first_row * cols + out.len() <= rows * cols,
-            "rows out of range"
+            width > 0
+                && first_col + width <= cols
+                && out.len() % width == 0
+                && first_row + out.len() / width <= rows,
+            "block out of range"
         );
         assert!(rows * cols <= 1 << 32, "element indices are 32-bit");
+        let first = first_row * cols + first_col;
         #[cfg(target_arch = "x86_64")]
         if crate::simd::avx2_fma() {
             #[target_feature(enable = "avx2,fma")]
-            unsafe fn fast(g: &WeightGen, e: usize, m: Matrix, first: usize, out: &mut [f32]) {
-                g.fill_rows_body(e, m, first, out)
+            unsafe fn fast(
+                g: &WeightGen,
+                e: usize,
+                m: Matrix,
+                f: usize,
+                w: usize,
+                out: &mut [f32],
+            ) {
+                g.fill_block_body(e, m, f, w, out)
             }
             // SAFETY: the CPU has the features `fast` is compiled for.
-            return unsafe { fast(self, expert, matrix, first_row, out) };
+            return unsafe { fast(self, expert, matrix, first, width, out) };
         }
-        self.fill_rows_body(expert, matrix, first_row, out)
+        self.fill_block_body(expert, matrix, first, width, out)
     }
 }
 
@@ -144,34 +175,27 @@ impl WeightGen {
         WeightGen { shape, seed }
     }
 
+    /// Rows of `width` elements starting at flat indices `first`, `first + cols`, ….
     #[inline(always)]
-    fn fill_rows_body(&self, expert: usize, matrix: Matrix, first_row: usize, out: &mut [f32]) {
+    fn fill_block_body(
+        &self,
+        expert: usize,
+        matrix: Matrix,
+        first: usize,
+        width: usize,
+        out: &mut [f32],
+    ) {
         let cols = self.dims(matrix).1;
         let key = splitmix64(self.seed ^ splitmix64(2 * expert as u64 + matrix as u64));
         let (key_lo, key_hi) = (key as u32, (key >> 32) as u32);
         let amplitude = (3.0 / cols as f64).sqrt() as f32 * (1.0 / 2_147_483_648.0);
-        let first = (first_row * cols) as u32;
-        for (i, w) in out.iter_mut().enumerate() {
-            let bits = mix32(mix32(first.wrapping_add(i as u32) ^ key_lo) ^ key_hi);
-            *w = (bits as i32) as f32 * amplitude;
+        for (r, out) in out.chunks_exact_mut(width).enumerate() {
+            let first = (first + r * cols) as u32;
+            for (i, w) in out.iter_mut().enumerate() {
+                let bits = mix32(mix32(first.wrapping_add(i as u32) ^ key_lo) ^ key_hi);
+                *w = (bits as i32) as f32 * amplitude;
+            }
         }
-    }
-
-    /// Rows `first_row…first_row + rows` of `matrix`, quantized per 128×128 block
-    /// (`first_row` and `rows` multiples of 128).
-    pub fn quantized_rows(
-        &self,
-        expert: usize,
-        matrix: Matrix,
-        first_row: usize,
-        rows: usize,
-    ) -> QuantBlocks {
-        assert!(first_row % WEIGHT_BLOCK == 0, "strips start on a block row");
-        let cols = self.dims(matrix).1;
-        let mut values = vec![0f32; rows * cols];
-        self.fill_rows(expert, matrix, first_row, &mut values);
-        quantize_blocks(&values, rows, cols, INPUT_SCALE_FLOOR)
-            .expect("shape rules make every weight matrix a whole number of blocks")
     }
 
     /// One expert's unquantized weights.
@@ -190,7 +214,22 @@ impl WeightGen {
 
     /// One expert's quantized weights.
     pub fn expert_fp8(&self, expert: usize) -> ExpertFp8 {
-        let full = |matrix| self.quantized_rows(expert, matrix, 0, self.dims(matrix).0);
+        let full = |matrix| {
+            let (rows, cols) = self.dims(matrix);
+            let mut strip = QuantBlocks::default();
+            let mut all = QuantBlocks {
+                rows,
+                cols,
+                codes: Vec::with_capacity(rows * cols),
+                scales: Vec::with_capacity(rows * cols / (WEIGHT_BLOCK * WEIGHT_BLOCK)),
+            };
+            for first_row in (0..rows).step_by(WEIGHT_BLOCK) {
+                quantized_strip(self, expert, matrix, first_row, &mut strip);
+                all.codes.extend_from_slice(&strip.codes);
+                all.scales.extend_from_slice(&strip.scales);
+            }
+            all
+        };
         ExpertFp8 {
             w1: full(Matrix::W1),
             w2: full(Matrix::W2),
@@ -209,20 +248,122 @@ impl WeightGen {
             });
         }
         let local = self.shape.local_experts(ranks);
-        let experts: Vec<ExpertFp8> = (rank * local..(rank + 1) * local)
-            .into_par_iter()
-            .map(|e| self.expert_fp8(e))
-            .collect();
-        let concat =
-            |part: fn(&ExpertFp8) -> &[u8]| experts.iter().flat_map(part).copied().collect();
-        let concat_scales =
-            |part: fn(&ExpertFp8) -> &[f32]| experts.iter().flat_map(part).copied().collect();
-        Ok(RankWeightsFp8 {
-            w1: concat(|x| &x.w1.codes),
-            s1: concat_scales(|x| &x.w1.scales),
-            w2: concat(|x| &x.w2.codes),
-            s2: concat_scales(|x| &x.w2.scales),
-        })
+        let (w1, w2) = (self.dims(Matrix::W1), self.dims(Matrix::W2));
+        let blocks = |(rows, cols): (usize, usize)| rows * cols / (WEIGHT_BLOCK * WEIGHT_BLOCK);
+        let mut out = RankWeightsFp8 {
+            w1: vec![0; local * w1.0 * w1.1],
+            s1: vec![0.0; local * blocks(w1)],
+            w2: vec![0; local * w2.0 * w2.1],
+            s2: vec![0.0; local * blocks(w2)],
+        };
+        out.w1
+            .par_chunks_mut(w1.0 * w1.1)
+            .zip(out.s1.par_chunks_mut(blocks(w1)))
+            .zip(out.w2.par_chunks_mut(w2.0 * w2.1))
+            .zip(out.s2.par_chunks_mut(blocks(w2)))
+            .enumerate()
+            .for_each(|(i, (((w1, s1), w2), s2))| {
+                let expert = self.expert_fp8(rank * local + i);
+                w1.copy_from_slice(&expert.w1.codes);
+                s1.copy_from_slice(&expert.w1.scales);
+                w2.copy_from_slice(&expert.w2.codes);
+                s2.copy_from_slice(&expert.w2.scales);
+            });
+        Ok(out)
+    }
+}
+
+/// Generates and quantizes the 128-row strip of `matrix` of `expert` starting at `first_row`
+/// into `out` (resized to `[128, K]`, scales `[1, K/128]`), one 128×128 block at a time so
+/// that the block stays in cache: the same result as [`crate::quant::quantize_blocks`] with
+/// floor 1e-4.
+pub fn quantized_strip<S: WeightSource>(
+    weights: &S,
+    expert: usize,
+    matrix: Matrix,
+    first_row: usize,
+    out: &mut QuantBlocks,
+) {
+    out.rows = WEIGHT_BLOCK;
+    out.cols = weights.dims(matrix).1;
+    let (codes, scales) = (&mut out.codes, &mut out.scales);
+    encode_strip(
+        weights,
+        expert,
+        matrix,
+        first_row,
+        e4m3_from_f32,
+        codes,
+        scales,
+    );
+}
+
+/// The strip of [`quantized_strip`] with each element's `encode(w · (1/scale))` (the e4m3
+/// code, or its value) in `values` and the block scales in `scales`.
+pub(crate) fn encode_strip<S, T, E>(
+    weights: &S,
+    expert: usize,
+    matrix: Matrix,
+    first_row: usize,
+    encode: E,
+    values: &mut Vec<T>,
+    scales: &mut Vec<f32>,
+) where
+    S: WeightSource,
+    T: Copy + Default,
+    E: Fn(f32) -> T,
+{
+    let cols = weights.dims(matrix).1;
+    values.resize(WEIGHT_BLOCK * cols, T::default());
+    scales.resize(cols / WEIGHT_BLOCK, 0.0);
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::avx2_fma() {
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn fast<S: WeightSource, T: Copy, E: Fn(f32) -> T>(
+            weights: &S,
+            at: (usize, Matrix, usize),
+            encode: E,
+            values: &mut [T],
+            scales: &mut [f32],
+        ) {
+            encode_strip_body(weights, at, encode, values, scales)
+        }
+        // SAFETY: the CPU has the features `fast` is compiled for.
+        return unsafe { fast(weights, (expert, matrix, first_row), encode, values, scales) };
+    }
+    encode_strip_body(weights, (expert, matrix, first_row), encode, values, scales)
+}
+
+#[inline(always)]
+fn encode_strip_body<S: WeightSource, T: Copy, E: Fn(f32) -> T>(
+    weights: &S,
+    (expert, matrix, first_row): (usize, Matrix, usize),
+    encode: E,
+    values: &mut [T],
+    scales: &mut [f32],
+) {
+    let cols = weights.dims(matrix).1;
+    let mut block = vec![0f32; WEIGHT_BLOCK * WEIGHT_BLOCK];
+    for (b, scale) in scales.iter_mut().enumerate() {
+        let first_col = b * WEIGHT_BLOCK;
+        weights.fill_block(
+            expert,
+            matrix,
+            first_row,
+            first_col,
+            WEIGHT_BLOCK,
+            &mut block,
+        );
+        *scale = scale_factor(amax(&block), INPUT_SCALE_FLOOR);
+        let inverse = 1.0 / *scale;
+        for (dst, src) in values
+            .chunks_exact_mut(cols)
+            .zip(block.chunks_exact(WEIGHT_BLOCK))
+        {
+            for (d, &v) in dst[first_col..][..WEIGHT_BLOCK].iter_mut().zip(src) {
+                *d = encode(v * inverse);
+            }
+        }
     }
 }
 
@@ -230,6 +371,7 @@ impl WeightGen {
 mod tests {
     use super::*;
     use crate::preset::Preset;
+    use crate::quant::quantize_blocks;
 
     fn tiny() -> WeightGen {
         WeightGen::new(Preset::by_name("tiny").unwrap().shape, 7)
@@ -242,8 +384,30 @@ mod tests {
         let mut part = vec![0f32; 2 * 256];
         g.fill_rows(3, Matrix::W1, 5, &mut part);
         assert_eq!(part, full.w1[5 * 256..7 * 256]);
+        let mut block = vec![0f32; 3 * 100];
+        g.fill_block(3, Matrix::W1, 5, 17, 100, &mut block);
+        for r in 0..3 {
+            assert_eq!(
+                block[r * 100..][..100],
+                full.w1[(5 + r) * 256 + 17..][..100]
+            );
+        }
         assert_ne!(g.expert_f32(4).w1, full.w1);
         assert_ne!(WeightGen::new(g.shape, 8).expert_f32(3).w1, full.w1);
+    }
+
+    #[test]
+    fn expert_fp8_is_the_block_quantizer_on_the_f32_originals() {
+        let g = tiny();
+        let (f, q) = (g.expert_f32(2), g.expert_fp8(2));
+        assert_eq!(
+            q.w1,
+            quantize_blocks(&f.w1, 256, 256, INPUT_SCALE_FLOOR).unwrap()
+        );
+        assert_eq!(
+            q.w2,
+            quantize_blocks(&f.w2, 256, 128, INPUT_SCALE_FLOOR).unwrap()
+        );
     }
 
     #[test]

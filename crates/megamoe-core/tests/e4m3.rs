@@ -1,7 +1,7 @@
 //! FP8 e4m3 and BF16 conversions against a slow, obviously correct nearest-value search.
 
 use half::bf16;
-use megamoe_core::numerics::{e4m3_from_f32, e4m3_to_f32, E4M3_NAN};
+use megamoe_core::numerics::{e4m3_from_f32, e4m3_round, e4m3_to_f32, E4M3_NAN};
 use proptest::prelude::*;
 
 /// The e4m3 code nearest to `x` by exhaustive search: ties to the even code (mantissa LSB 0),
@@ -134,6 +134,27 @@ fn a_strided_sweep_of_all_f32_bit_patterns_matches_the_search() {
 }
 
 #[test]
+fn rounding_to_the_e4m3_value_equals_encode_then_decode() {
+    let same = |x: f32| e4m3_round(x).to_bits() == e4m3_to_f32(e4m3_from_f32(x)).to_bits();
+    for bits in (0..=u32::MAX).step_by(251) {
+        assert!(
+            same(f32::from_bits(bits)),
+            "{:e} ({bits:#x})",
+            f32::from_bits(bits)
+        );
+    }
+    for code in 0..0x7eu8 {
+        let mid = (e4m3_to_f32(code) + e4m3_to_f32(code + 1)) / 2.0;
+        for x in [mid, up(mid), down(mid), e4m3_to_f32(code)] {
+            assert!(same(x) && same(-x), "{x}");
+        }
+    }
+    for x in [0.0f32, 448.0, 500.0, f32::INFINITY, 1.0 / 1024.0] {
+        assert!(same(x) && same(-x), "{x}");
+    }
+}
+
+#[test]
 fn bf16_rounds_to_nearest_even() {
     let one_ulp = 1.0 / 128.0; // bf16 ulp at 1
     let mid = 1.0 + one_ulp / 2.0;
@@ -162,5 +183,6 @@ proptest! {
     fn any_bit_pattern_matches_the_search(bits in any::<u32>()) {
         let x = f32::from_bits(bits);
         prop_assert_eq!(e4m3_from_f32(x), nearest_by_search(x));
+        prop_assert_eq!(e4m3_round(x).to_bits(), e4m3_to_f32(e4m3_from_f32(x)).to_bits());
     }
 }

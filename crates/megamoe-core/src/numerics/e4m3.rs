@@ -52,6 +52,24 @@ pub fn e4m3_to_f32(code: u8) -> f32 {
     }
 }
 
+/// The value of `x` rounded to e4m3, bit for bit `e4m3_to_f32(e4m3_from_f32(x))`, computed in
+/// the f32 domain (same rounding steps as [`e4m3_from_f32`], no code in between) for loops that
+/// need the value and not the code.
+#[inline(always)]
+pub fn e4m3_round(x: f32) -> f32 {
+    let a = x.abs();
+    let bits = a.to_bits();
+    let normal = f32::from_bits((bits + 0x7_ffff + ((bits >> 20) & 1)) & 0xfff0_0000);
+    let subnormal = (a + 16384.0) - 16384.0;
+    let magnitude = if a < MIN_NORMAL { subnormal } else { normal };
+    let magnitude = if a >= E4M3_MAX { E4M3_MAX } else { magnitude };
+    if x.is_nan() {
+        f32::NAN
+    } else {
+        magnitude.copysign(x)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

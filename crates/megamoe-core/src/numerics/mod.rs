@@ -5,7 +5,7 @@
 pub mod e4m3;
 pub mod scale;
 
-pub use e4m3::{e4m3_from_f32, e4m3_to_f32, E4M3_MAX, E4M3_NAN};
+pub use e4m3::{e4m3_from_f32, e4m3_round, e4m3_to_f32, E4M3_MAX, E4M3_NAN};
 pub use scale::{
     amax, encode_scaled, quantize_group, scale_factor, INPUT_SCALE_FLOOR, INTERMEDIATE_SCALE_FLOOR,
 };

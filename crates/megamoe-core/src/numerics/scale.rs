@@ -16,12 +16,14 @@ pub fn scale_factor(amax: f32, floor: f32) -> f32 {
     amax.max(floor) / E4M3_MAX
 }
 
-/// The largest magnitude in `values` (NaNs ignored, 0 when empty). Eight independent lanes so
-/// that it vectorizes; max is exact, so the order does not matter.
+/// The largest magnitude in `values` (NaNs ignored, 0 when empty). 32 independent lanes so
+/// that it vectorizes without a long dependency chain; max is exact, so the order does not
+/// matter.
 #[inline(always)]
 pub fn amax(values: &[f32]) -> f32 {
-    let mut lanes = [0f32; 8];
-    let chunks = values.chunks_exact(8);
+    const LANES: usize = 32;
+    let mut lanes = [0f32; LANES];
+    let chunks = values.chunks_exact(LANES);
     let rest = chunks.remainder();
     for chunk in chunks {
         for (lane, v) in lanes.iter_mut().zip(chunk) {
@@ -65,6 +67,18 @@ mod tests {
         assert_eq!(scale, 3.0 / 448.0);
         assert_eq!(e4m3_to_f32(codes[1]), -448.0);
         assert_eq!(e4m3_to_f32(codes[3]), 0.0);
+    }
+
+    #[test]
+    fn amax_ignores_nan_and_sees_every_element() {
+        let mut v: Vec<f32> = (0..100).map(|i| (i % 7) as f32 - 3.0).collect();
+        assert_eq!(amax(&v), 3.0);
+        v[99] = -5.0; // in the remainder
+        v[40] = f32::NAN;
+        assert_eq!(amax(&v), 5.0);
+        v[33] = 6.0;
+        assert_eq!(amax(&v), 6.0);
+        assert_eq!(amax(&[]), 0.0);
     }
 
     #[test]

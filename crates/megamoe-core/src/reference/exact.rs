@@ -15,41 +15,39 @@ pub(super) fn expert(
     expert: usize,
     routed: &mut [Routed<f64>],
 ) {
+    let Shape {
+        hidden,
+        inter,
+        topk,
+        ..
+    } = world.shape;
+    let n = routed.len();
+    let mut x = Vec::with_capacity(n * hidden);
+    for r in routed.iter() {
+        let row = &world.ranks[r.rank].x[r.token * hidden..][..hidden];
+        x.extend(row.iter().map(|v| f64::from(v.to_f32())));
+    }
+    let h = gemm(weights, expert, Matrix::W1, &x, n);
+    let mut a = vec![0f64; n * inter];
+    let clamp = options.clamp.map(f64::from);
+    for ((a, h), r) in a
+        .chunks_exact_mut(inter)
+        .zip(h.chunks_exact(2 * inter))
+        .zip(routed.iter())
     {
-        let Shape {
-            hidden,
-            inter,
-            topk,
-            ..
-        } = world.shape;
-        let n = routed.len();
-        let mut x = Vec::with_capacity(n * hidden);
-        for r in routed.iter() {
-            let row = &world.ranks[r.rank].x[r.token * hidden..][..hidden];
-            x.extend(row.iter().map(|v| f64::from(v.to_f32())));
+        let weight = f64::from(world.ranks[r.rank].topk_weights[r.token * topk + r.slot]);
+        let (gate, up) = h.split_at(inter);
+        for ((a, &g), &u) in a.iter_mut().zip(gate).zip(up) {
+            let (g, u) = match clamp {
+                Some(c) => (g.min(c), u.clamp(-c, c)),
+                None => (g, u),
+            };
+            *a = g / (1.0 + (-g).exp()) * u * weight;
         }
-        let h = gemm(weights, expert, Matrix::W1, &x, n);
-        let mut a = vec![0f64; n * inter];
-        let clamp = options.clamp.map(f64::from);
-        for ((a, h), r) in a
-            .chunks_exact_mut(inter)
-            .zip(h.chunks_exact(2 * inter))
-            .zip(routed.iter())
-        {
-            let weight = f64::from(world.ranks[r.rank].topk_weights[r.token * topk + r.slot]);
-            let (gate, up) = h.split_at(inter);
-            for ((a, &g), &u) in a.iter_mut().zip(gate).zip(up) {
-                let (g, u) = match clamp {
-                    Some(c) => (g.min(c), u.clamp(-c, c)),
-                    None => (g, u),
-                };
-                *a = g / (1.0 + (-g).exp()) * u * weight;
-            }
-        }
-        let o = gemm(weights, expert, Matrix::W2, &a, n);
-        for (r, o) in routed.iter_mut().zip(o.chunks_exact(hidden)) {
-            r.out.copy_from_slice(o);
-        }
+    }
+    let o = gemm(weights, expert, Matrix::W2, &a, n);
+    for (r, o) in routed.iter_mut().zip(o.chunks_exact(hidden)) {
+        r.out.copy_from_slice(o);
     }
 }
 

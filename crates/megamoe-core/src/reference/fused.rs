@@ -14,24 +14,23 @@
 //!     block_sum = f32( Σ_{k in group j} q_x[t,k] · q_w[n,k] )      exact, then one rounding
 //!     scale     = sa[t,j] · sb[n/128, j·G/128]                        f32 multiply
 //!     running   = fma(block_sum, scale, running)                     f32, one rounding
-//! h[t,n] = running
+//! out[t,n] = running        (L1: h, f32; L2: o = bf16(running), round to nearest even)
 //! ```
 //!
 //! The SwiGLU in f32: g = min(g, c), u = clamp(u, −c, c) when clamped;
-//! silu(g) = g / (1 + e) with e = f32(exp_f64(−g)) (the correctly rounded f32 exponential,
-//! platform-independent unlike f32 `exp`); a = (silu(g) · u) · topk_weight.
+//! silu(g) = g / (1 + e) with e = f32(exp_f64(−g)) (the f64 exponential rounded once: the
+//! same bits on every platform in practice, unlike f32 `exp`); a = (silu(g) · u) · topk_weight.
+//! Then a is re-quantized per G columns (floor 1e-10) for L2. The combine is in `super`.
 
 use half::bf16;
 
-use super::rows::block_scaled_strip;
+use super::rows::{block_scaled_strip, ScaledRows};
 use super::{LayerOptions, Routed};
 use crate::batch::WorldInputs;
-use crate::numerics::{e4m3_to_f32, INPUT_SCALE_FLOOR, INTERMEDIATE_SCALE_FLOOR};
+use crate::numerics::{e4m3_round, e4m3_to_f32, INPUT_SCALE_FLOOR, INTERMEDIATE_SCALE_FLOOR};
 use crate::preset::Shape;
-use crate::quant::{
-    quantize_blocks_into, quantize_rows, QuantBlocks, QuantRows, INPUT_GROUP, WEIGHT_BLOCK,
-};
-use crate::weights::{Matrix, WeightSource};
+use crate::quant::{quantize_rows, QuantRows, INPUT_GROUP, WEIGHT_BLOCK};
+use crate::weights::{encode_strip, Matrix, WeightSource};
 
 /// Every rank's input quantized per token per 128 columns (floor 1e-4).
 pub(super) fn quantize_inputs(world: &WorldInputs) -> Vec<QuantRows> {
@@ -56,81 +55,76 @@ pub(super) fn expert(
     expert: usize,
     routed: &mut [Routed<bf16>],
 ) {
-    {
-        let Shape {
-            hidden,
-            inter,
-            topk,
-            ..
-        } = world.shape;
-        let n = routed.len();
-        let mut x = Vec::with_capacity(n * hidden);
-        let mut x_scales = Vec::with_capacity(n * hidden / INPUT_GROUP);
-        for r in routed.iter() {
-            let q = &inputs[r.rank];
-            x.extend(
-                q.codes[r.token * hidden..][..hidden]
-                    .iter()
-                    .map(|&c| f64::from(e4m3_to_f32(c))),
-            );
-            x_scales.extend_from_slice(
-                &q.scales[r.token * hidden / INPUT_GROUP..][..hidden / INPUT_GROUP],
-            );
-        }
-        let h = gemm(weights, expert, Matrix::W1, &x, &x_scales, INPUT_GROUP, n);
-        let mut a = vec![0f32; n * inter];
-        for ((a, h), r) in a
-            .chunks_exact_mut(inter)
-            .zip(h.chunks_exact(2 * inter))
-            .zip(routed.iter())
-        {
-            let weight = world.ranks[r.rank].topk_weights[r.token * topk + r.slot];
-            let (gate, up) = h.split_at(inter);
-            for ((a, &g), &u) in a.iter_mut().zip(gate).zip(up) {
-                *a = swiglu(g, u, options.clamp, weight);
-            }
-        }
-        let a = quantize_rows(&a, n, inter, options.group, INTERMEDIATE_SCALE_FLOOR)
-            .expect("I is a multiple of 128");
-        let a_values: Vec<f64> = a.codes.iter().map(|&c| f64::from(e4m3_to_f32(c))).collect();
-        let o = gemm(
-            weights,
-            expert,
-            Matrix::W2,
-            &a_values,
-            &a.scales,
-            options.group,
-            n,
+    let Shape {
+        hidden,
+        inter,
+        topk,
+        ..
+    } = world.shape;
+    let n = routed.len();
+    let mut x = Vec::with_capacity(n * hidden);
+    let mut x_scales = Vec::with_capacity(n * hidden / INPUT_GROUP);
+    for r in routed.iter() {
+        let q = &inputs[r.rank];
+        x.extend(
+            q.codes[r.token * hidden..][..hidden]
+                .iter()
+                .map(|&c| f64::from(e4m3_to_f32(c))),
         );
-        for (r, o) in routed.iter_mut().zip(o.chunks_exact(hidden)) {
-            for (dst, &v) in r.out.iter_mut().zip(o) {
-                *dst = bf16::from_f32(v);
-            }
+        x_scales
+            .extend_from_slice(&q.scales[r.token * hidden / INPUT_GROUP..][..hidden / INPUT_GROUP]);
+    }
+    let x = ScaledRows {
+        values: &x,
+        scales: &x_scales,
+        group: INPUT_GROUP,
+    };
+    let h = gemm(weights, expert, Matrix::W1, &x);
+    let mut a = vec![0f32; n * inter];
+    for ((a, h), r) in a
+        .chunks_exact_mut(inter)
+        .zip(h.chunks_exact(2 * inter))
+        .zip(routed.iter())
+    {
+        let weight = world.ranks[r.rank].topk_weights[r.token * topk + r.slot];
+        let (gate, up) = h.split_at(inter);
+        for ((a, &g), &u) in a.iter_mut().zip(gate).zip(up) {
+            *a = swiglu(g, u, options.clamp, weight);
+        }
+    }
+    let a = quantize_rows(&a, n, inter, options.group, INTERMEDIATE_SCALE_FLOOR)
+        .expect("I is a multiple of 128");
+    let a_values: Vec<f64> = a.codes.iter().map(|&c| f64::from(e4m3_to_f32(c))).collect();
+    let a = ScaledRows {
+        values: &a_values,
+        scales: &a.scales,
+        group: options.group,
+    };
+    let o = gemm(weights, expert, Matrix::W2, &a);
+    for (r, o) in routed.iter_mut().zip(o.chunks_exact(hidden)) {
+        for (dst, &v) in r.out.iter_mut().zip(o) {
+            *dst = bf16::from_f32(v);
         }
     }
 }
 
-/// out[t, n] for `n_tokens` activation rows `acts` (e4m3 values as f64, `[n_tokens, K]`) with
-/// scales `[n_tokens, K/group]` against every row n of the quantized `matrix` of `expert`,
-/// in the operation order of the module comment. Returns `[n_tokens, N]`.
-fn gemm(
-    weights: &impl WeightSource,
-    expert: usize,
-    matrix: Matrix,
-    acts: &[f64],
-    act_scales: &[f32],
-    group: usize,
-    n_tokens: usize,
-) -> Vec<f32> {
+/// out[t, n] for every activation row t of `acts` against every row n of the quantized
+/// `matrix` of `expert`, in the operation order of the module comment. Returns `[n, N]`.
+fn gemm(weights: &impl WeightSource, expert: usize, matrix: Matrix, acts: &ScaledRows) -> Vec<f32> {
     let (rows, cols) = weights.dims(matrix);
-    let mut out = vec![0f32; n_tokens * rows];
-    let mut strip = vec![0f32; WEIGHT_BLOCK * cols];
-    let mut w = QuantBlocks::default();
+    let mut out = vec![0f32; acts.values.len() / cols * rows];
+    let (mut values, mut scales) = (Vec::new(), Vec::new());
     for first_row in (0..rows).step_by(WEIGHT_BLOCK) {
-        weights.fill_rows(expert, matrix, first_row, &mut strip);
-        quantize_blocks_into(&strip, WEIGHT_BLOCK, cols, INPUT_SCALE_FLOOR, &mut w)
-            .expect("weights are whole blocks");
-        block_scaled_strip(&w, acts, act_scales, group, first_row, &mut out);
+        encode_strip(
+            weights,
+            expert,
+            matrix,
+            first_row,
+            e4m3_round,
+            &mut values,
+            &mut scales,
+        );
+        block_scaled_strip(&values, &scales, acts, first_row, &mut out);
     }
     out
 }

@@ -19,6 +19,7 @@ use crate::batch::WorldInputs;
 use crate::error::{Error, Result};
 use crate::preset::Shape;
 use crate::quant::default_group;
+use crate::routing::validate_world;
 use crate::weights::WeightSource;
 
 /// The per-call options of the layer.
@@ -125,12 +126,15 @@ where
             }
         }
     }
-    by_expert.retain(|routed| !routed.is_empty());
-    let total = by_expert.len();
+    let mut work: Vec<(usize, Vec<Routed<T>>)> = by_expert
+        .into_iter()
+        .enumerate()
+        .filter(|(_, routed)| !routed.is_empty())
+        .collect();
+    let total = work.len();
     let done = AtomicUsize::new(0);
-    by_expert.par_iter_mut().for_each(|routed| {
-        let expert = world.ranks[routed[0].rank].topk_idx[routed[0].token * topk + routed[0].slot];
-        compute(expert as usize, routed);
+    work.par_iter_mut().for_each(|(expert, routed)| {
+        compute(*expert, routed);
         progress(done.fetch_add(1, Ordering::Relaxed) + 1, total);
     });
     outputs
@@ -174,15 +178,15 @@ fn combine<T: Copy, A: Copy, Y>(
         .collect()
 }
 
-/// Rejects inputs the layer cannot compute, naming the argument.
+/// Rejects inputs the layer cannot compute, naming the argument: the world's inputs through
+/// [`validate_world`], then the weights' shape and the options.
 fn check(world: &WorldInputs, weights: &impl WeightSource, options: &LayerOptions) -> Result<()> {
-    let shape = world.shape;
-    shape.validate(world.num_ranks())?;
-    if weights.shape() != shape {
+    validate_world(world, None)?;
+    if weights.shape() != world.shape {
         return Err(Error::Value {
             arg: "weights",
             value: format!("{:?}", weights.shape()),
-            reason: format!("generator shape differs from the inputs' {shape:?}"),
+            reason: format!("generator shape differs from the inputs' {:?}", world.shape),
         });
     }
     if options.group != 64 && options.group != 128 {
@@ -199,46 +203,6 @@ fn check(world: &WorldInputs, weights: &impl WeightSource, options: &LayerOption
                 value: c.to_string(),
                 reason: "must be a non-negative number".into(),
             });
-        }
-    }
-    let Shape {
-        hidden,
-        topk,
-        experts,
-        ..
-    } = shape;
-    for inputs in &world.ranks {
-        let t = inputs.tokens;
-        for (arg, got, expected) in [
-            ("x", inputs.x.len(), t * hidden),
-            ("topk_idx", inputs.topk_idx.len(), t * topk),
-            ("topk_weights", inputs.topk_weights.len(), t * topk),
-        ] {
-            if got != expected {
-                return Err(Error::Length { arg, got, expected });
-            }
-        }
-        for (row, idx) in inputs.topk_idx.chunks_exact(topk).enumerate() {
-            for (slot, &e) in idx.iter().enumerate() {
-                if e < -1 || e >= experts as i32 {
-                    return Err(Error::ExpertOutOfRange {
-                        arg: "topk_idx",
-                        row,
-                        slot,
-                        value: e.into(),
-                        experts,
-                    });
-                }
-                if let Some(first) = idx[..slot].iter().position(|&f| f == e && e >= 0) {
-                    return Err(Error::DuplicateExpert {
-                        arg: "topk_idx",
-                        row,
-                        expert: e as usize,
-                        first,
-                        second: slot,
-                    });
-                }
-            }
         }
     }
     Ok(())

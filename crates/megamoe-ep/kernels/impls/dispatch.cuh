@@ -1,0 +1,321 @@
+// dispatch_with_permute (SPEC §5): every rank PULLS each source token it needs once over NVLink
+// and stores it straight into every final, expert-grouped, padded row it owns for that token.
+// Pulling de-duplicates: a token routed to several experts of one rank crosses NVLink once.
+//
+// Full mode, per rank:
+//   1. meta: validate topk_idx, write (idx, pos, prob) of every local slot into the local meta
+//      region, where pos is the token's index among this rank's tokens routed to that expert
+//      (a stable per-expert scan); push this rank's per-expert counts and T to every rank.
+//   2. raise kDispatchReady everywhere; wait for it from every rank.
+//   3. layout: from the count matrix every block derives segment bases and source prefixes
+//      (the same arithmetic as plan.rs), checks every rank's validation status and the row bound.
+//   4. pull: warp per (source, token): read its meta remotely, its row once, store it to each
+//      destination row; zero the padding rows; record everything the handle needs.
+//   5. raise kDispatchDone on every source; wait until every rank is done reading from us.
+// Cached mode (the backward of combine): steps 2, 4, 5 only, with the rows taken from the handle.
+#pragma once
+#include "../comm/sync.cuh"
+
+namespace ep {
+
+constexpr int kTileTokens = 512;
+constexpr int kRowUnroll = 8;  // 16-byte vectors per lane in flight per row chunk
+
+struct DispatchShared {
+    int tile[kTileTokens * kMaxTopk];
+    int send_base[kMaxExperts];  // seg_base[e] + rows of lower source ranks, for this rank's tokens
+    int recv_base[kMaxExperts];  // [R][E_l]: first row of source s's run in local expert j
+    int seg_base[kMaxExperts];   // [E_l] local segment starts
+    int count[kMaxExperts];      // [E_l] local unpadded rows
+    int padded[kMaxExperts];     // [E_l]
+    int tokens[kMaxRanks];       // T of every source rank
+    int ok;
+    int skip;
+    u64 epoch;
+};
+
+__device__ __forceinline__ int* meta_of(const Layout& l, int rank) {
+    return reinterpret_cast<int*>(comm::buf(l, rank) + l.off_meta);
+}
+__device__ __forceinline__ int* count_rows(const Layout& l) {
+    return reinterpret_cast<int*>(comm::buf(l, l.rank) + l.off_counts);
+}
+__device__ __forceinline__ int* handle_i32(const Layout& l, u64 off) {
+    return reinterpret_cast<int*>(l.handle + off);
+}
+
+// Step 1. Meta row of token t: idx[K], pos[K], prob bits[K].
+__device__ void dispatch_meta(const DispatchParams& p, DispatchShared& s, u64 epoch) {
+    const Layout& l = p.l;
+    const int K = l.topk, E = l.experts, T = p.tokens;
+    const int* idx = reinterpret_cast<const int*>(p.topk_idx);
+    const float* probs = reinterpret_cast<const float*>(p.probs);
+    int* meta = meta_of(l, l.rank);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
+    // Validation and the idx/prob copy: thread per token. The first bad slot (lowest t*K+k) of a
+    // rank is reported on every rank through an epoch-tagged atomicMax.
+    for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < T; t += gridDim.x * blockDim.x) {
+        int bad = -1;
+        for (int k = 0; k < K; ++k) {
+            int e = idx[t * K + k];
+            meta[t * 3 * K + k] = e;
+            meta[t * 3 * K + 2 * K + k] = __float_as_int(probs[t * K + k]);
+            if (bad < 0 && (e < -1 || e >= E)) bad = (t * K + k) << 1;
+            for (int j = 0; j < k && bad < 0 && e >= 0; ++j)
+                if (idx[t * K + j] == e) bad = ((t * K + k) << 1) | 1;
+        }
+        if (bad >= 0) {
+            u64 tag = (epoch << 32) | (0xffffffffu - u32(bad));
+            for (int d = 0; d < l.ranks; ++d)
+                atomicMax(reinterpret_cast<unsigned long long*>(comm::buf(l, d) + l.off_status) + l.rank, tag);
+        }
+    }
+
+    // Stable per-expert scan: warp per expert over smem tiles of topk_idx.
+    const int nwarps = gridDim.x * kWarps, gw = blockIdx.x * kWarps + warp;
+    const int rounds = (E + nwarps - 1) / nwarps;
+    for (int r = 0; r < rounds; ++r) {
+        const int e = r * nwarps + gw;
+        int running = 0;
+        for (int t0 = 0; t0 < T; t0 += kTileTokens) {
+            const int n = min(kTileTokens, T - t0);
+            __syncthreads();
+            for (int i = threadIdx.x; i < n * K; i += blockDim.x) s.tile[i] = idx[t0 * K + i];
+            __syncthreads();
+            if (e >= E) continue;
+            for (int tt = 0; tt < n; tt += 32) {
+                const int t = tt + lane;
+                int hit = -1;
+                if (t < n)
+                    for (int k = 0; k < K; ++k)
+                        if (s.tile[t * K + k] == e) hit = k;
+                const u32 mask = __ballot_sync(0xffffffffu, hit >= 0);
+                if (hit >= 0) meta[(t0 + t) * 3 * K + K + hit] = running + __popc(mask & ptx::lanemask_lt());
+                running += __popc(mask);
+            }
+        }
+        if (e < E && lane < l.ranks) {
+            int* row = reinterpret_cast<int*>(comm::buf(l, lane) + l.off_counts) + l.rank * (kMaxExperts + 1);
+            row[e] = running;
+        }
+    }
+    if (blockIdx.x == 0 && threadIdx.x < l.ranks) {
+        int* row = reinterpret_cast<int*>(comm::buf(l, threadIdx.x) + l.off_counts) + l.rank * (kMaxExperts + 1);
+        row[kMaxExperts] = T;
+    }
+}
+
+// Step 3: the same arithmetic as PermutePlan::build, from the exchanged count matrix. Warp d
+// scans owner d's experts (32 at a time).
+__device__ void dispatch_layout(const DispatchParams& p, DispatchShared& s, u64 epoch) {
+    const Layout& l = p.l;
+    const int R = l.ranks, E = l.experts, El = E / R, me = l.rank;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int* counts = count_rows(l);
+    const int stride = kMaxExperts + 1;
+    if (warp < R) {
+        const int d = warp;
+        int carry = 0;
+        for (int j0 = 0; j0 < El; j0 += 32) {
+            const int j = j0 + lane, e = d * El + j;
+            int total = 0, below = 0;
+            if (j < El)
+                for (int src = 0; src < R; ++src) {
+                    const int c = counts[src * stride + e];
+                    if (src < me) below += c;
+                    total += c;
+                }
+            const int pad = (total + p.pad_multiple - 1) / p.pad_multiple * p.pad_multiple;
+            int incl = pad;
+            for (int o = 1; o < 32; o <<= 1) {
+                const int v = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += v;
+            }
+            const int base = carry + incl - pad;
+            if (j < El) {
+                s.send_base[e] = base + below;
+                if (d == me) {
+                    s.seg_base[j] = base;
+                    s.count[j] = total;
+                    s.padded[j] = pad;
+                    int run = base;
+                    for (int src = 0; src < R; ++src) {
+                        s.recv_base[src * El + j] = run;
+                        run += counts[src * stride + e];
+                    }
+                }
+            }
+            carry += __shfl_sync(0xffffffffu, incl, 31);
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        s.skip = 0;
+        for (int src = 0; src < R && !s.skip; ++src) {
+            const u64 st = reinterpret_cast<volatile u64*>(comm::buf(l, me) + l.off_status)[src];
+            if ((st >> 32) == epoch) {
+                s.skip = 1;
+                if (blockIdx.x == 0) comm::record_error(l, kBadTopk, (0xffffffffu - u32(st)), src, 0, 0);
+            }
+        }
+        const int rows = El ? s.seg_base[El - 1] + s.padded[El - 1] : 0;
+        if (!s.skip && rows > p.row_bound) {
+            s.skip = 1;
+            if (blockIdx.x == 0) comm::record_error(l, kOverflow, 0, me, rows, p.row_bound);
+        }
+    }
+    __syncthreads();
+}
+
+__device__ __forceinline__ void record_handle(const DispatchParams& p, DispatchShared& s) {
+    const Layout& l = p.l;
+    const int R = l.ranks, El = l.experts / R, K = l.topk;
+    if (blockIdx.x == 0) {
+        for (int j = threadIdx.x; j < El; j += blockDim.x) {
+            handle_i32(l, l.h_padded)[j] = s.padded[j];
+            handle_i32(l, l.h_counts)[j] = s.count[j];
+            handle_i32(l, l.h_seg_base)[j] = s.seg_base[j];
+        }
+        if (threadIdx.x < R) handle_i32(l, l.h_src_tokens)[threadIdx.x] = count_rows(l)[threadIdx.x * (kMaxExperts + 1) + kMaxExperts];
+        if (threadIdx.x == 0) *handle_i32(l, l.h_total_rows) = El ? s.seg_base[El - 1] + s.padded[El - 1] : 0;
+    }
+    // This rank's own slots: where each one's row lives on its owner (for combine).
+    const int* meta = meta_of(l, l.rank);
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < p.tokens * K; i += gridDim.x * blockDim.x) {
+        const int t = i / K, k = i % K;
+        const int e = meta[t * 3 * K + k];
+        handle_i32(l, l.h_idx)[i] = e;
+        handle_i32(l, l.h_send_row)[i] = e < 0 ? -1 : s.send_base[e] + meta[t * 3 * K + K + k];
+    }
+}
+
+// Step 4, padding: rows past each local expert's tokens are zero, with prob 0 and scales 0.
+__device__ void zero_padding(const DispatchParams& p, const int* seg_base, const int* count, const int* padded) {
+    const Layout& l = p.l;
+    const int El = l.experts / l.ranks, lane = threadIdx.x & 31;
+    const int V = p.row_bytes / 16;
+    char* me = comm::buf(l, l.rank);
+    for (int j = blockIdx.x * kWarps + (threadIdx.x >> 5); j < El; j += gridDim.x * kWarps) {
+        for (int row = seg_base[j] + count[j]; row < seg_base[j] + padded[j]; ++row) {
+            char* dst = me + l.off_out_rows + size_t(row) * p.row_bytes;
+            for (int v = lane; v < V; v += 32) ptx::st_v4(dst + v * 16, make_uint4(0, 0, 0, 0));
+            float* sc = reinterpret_cast<float*>(me + l.off_out_scales) + size_t(row) * p.scales_per_row;
+            for (int c = lane; c < p.scales_per_row; c += 32) sc[c] = 0.f;
+            if (lane == 0 && !p.cached) reinterpret_cast<float*>(me + l.off_out_probs)[row] = 0.f;
+        }
+    }
+}
+
+// Step 4, rows: warp per (source, token). Lane k < K holds slot k's destination row here (−1
+// when the slot's expert is not local); the row is read once and stored to every destination.
+__device__ void pull_rows(const DispatchParams& p, const DispatchShared& s) {
+    const Layout& l = p.l;
+    const int R = l.ranks, K = l.topk, El = l.experts / R, me = l.rank;
+    const int lane = threadIdx.x & 31;
+    const int V = p.row_bytes / 16, S = p.scales_per_row;
+    const int* src_tokens = s.tokens;
+    int total = 0;
+    for (int src = 0; src < R; ++src) total += src_tokens[src];
+    char* out = comm::buf(l, me);
+    int* recv_slot = handle_i32(l, l.h_recv_slot);
+
+    for (int task = blockIdx.x * kWarps + (threadIdx.x >> 5); task < total; task += gridDim.x * kWarps) {
+        int src = 0, t = task;
+        while (t >= src_tokens[src]) t -= src_tokens[src++];
+        int* slot = recv_slot + (size_t(src) * l.max_tokens + t) * K;
+        int row = -1;
+        float prob = 0.f;
+        if (p.cached) {
+            if (lane < K) row = slot[lane];
+        } else {
+            const int* meta = meta_of(l, src) + size_t(t) * 3 * K;
+            if (lane < K) {
+                const int e = meta[lane] - me * El;
+                if (e >= 0 && e < El) {
+                    row = s.recv_base[src * El + e] + meta[K + lane];
+                    prob = __int_as_float(meta[2 * K + lane]);
+                }
+                slot[lane] = row;
+            }
+        }
+        int drow[kMaxTopk];
+        bool any = false;
+#pragma unroll
+        for (int k = 0; k < kMaxTopk; ++k) {
+            drow[k] = __shfl_sync(0xffffffffu, row, k);
+            if (k >= K) drow[k] = -1;
+            any |= drow[k] >= 0;
+        }
+        if (!any) continue;
+        const char* in = comm::buf(l, src) + l.off_in_rows + size_t(t) * p.row_bytes;
+        for (int c0 = 0; c0 < V; c0 += 32 * kRowUnroll) {
+            uint4 v[kRowUnroll];
+#pragma unroll
+            for (int u = 0; u < kRowUnroll; ++u) {
+                const int c = c0 + u * 32 + lane;
+                if (c < V) v[u] = ptx::ld_nc_v4(in + c * 16);
+            }
+#pragma unroll
+            for (int k = 0; k < kMaxTopk; ++k) {
+                if (drow[k] < 0) continue;
+                char* dst = out + l.off_out_rows + size_t(drow[k]) * p.row_bytes;
+#pragma unroll
+                for (int u = 0; u < kRowUnroll; ++u) {
+                    const int c = c0 + u * 32 + lane;
+                    if (c < V) ptx::st_v4(dst + c * 16, v[u]);
+                }
+            }
+        }
+        if (S) {
+            const float* sin = reinterpret_cast<const float*>(comm::buf(l, src) + l.off_in_scales) + size_t(t) * S;
+            float* sout = reinterpret_cast<float*>(out + l.off_out_scales);
+            for (int c = lane; c < S; c += 32) {
+                const float sc = sin[c];
+#pragma unroll
+                for (int k = 0; k < kMaxTopk; ++k)
+                    if (drow[k] >= 0) sout[size_t(drow[k]) * S + c] = sc;
+            }
+        }
+        if (!p.cached && row >= 0) reinterpret_cast<float*>(out + l.off_out_probs)[row] = prob;
+    }
+}
+
+__device__ void dispatch_kernel(const DispatchParams& p) {
+    __shared__ DispatchShared s;
+    const Layout& l = p.l;
+    const u64 epoch = comm::read_epoch(l, kDispatchFamily, &s.epoch);
+    if (!p.cached) dispatch_meta(p, s, epoch);
+    comm::raise_on_all(l, kDispatchReady);
+    if (!comm::wait_all(l, kDispatchReady, epoch, &s.ok)) return;
+    if (!p.cached) {
+        dispatch_layout(p, s, epoch);
+        if (!s.skip) record_handle(p, s);
+    } else {
+        if (threadIdx.x == 0) s.skip = 0;
+        __syncthreads();
+    }
+    if (threadIdx.x < l.ranks)
+        s.tokens[threadIdx.x] = p.cached ? handle_i32(l, l.h_src_tokens)[threadIdx.x]
+                                         : count_rows(l)[threadIdx.x * (kMaxExperts + 1) + kMaxExperts];
+    __syncthreads();
+    if (!s.skip) {
+        if (p.cached) {
+            zero_padding(p, handle_i32(l, l.h_seg_base), handle_i32(l, l.h_counts), handle_i32(l, l.h_padded));
+        } else {
+            zero_padding(p, s.seg_base, s.count, s.padded);
+        }
+        pull_rows(p, s);
+    }
+    // Every block tells every source it is done reading from it; the last wait keeps this
+    // rank's inputs and meta alive until every rank is done with them.
+    __syncthreads();
+    if (threadIdx.x < l.ranks) {
+        u64 add = blockIdx.x == 0 ? comm::kUnit - (gridDim.x - 1) : 1;
+        ptx::red_release_sys_add(comm::signal(l, threadIdx.x, kDispatchDone, l.rank), add);
+    }
+    if (!comm::wait_all(l, kDispatchDone, epoch, &s.ok)) return;
+    comm::store_epoch(l, kDispatchFamily, epoch);
+}
+
+}  // namespace ep

@@ -1,0 +1,62 @@
+// Kernel parameter structs, mirrored field for field by src/params.rs (sizes asserted on both
+// sides). Every kernel takes exactly one of them as `const __grid_constant__ Params p`.
+#pragma once
+
+typedef unsigned long long u64;
+typedef unsigned int u32;
+
+namespace ep {
+
+constexpr int kMaxRanks = 8;
+constexpr int kMaxTopk = 8;
+constexpr int kMaxExperts = 1024;
+constexpr int kThreads = 512;
+constexpr int kWarps = kThreads / 32;
+
+// Signal kinds: one u64 counter per (kind, source rank) in every rank's buffer.
+enum Signal : int { kDispatchReady = 0, kDispatchDone = 1, kCombineReady = 2, kCombineDone = 3, kNumSignals = 4 };
+// Kernel families: each keeps its own call counter (epoch) in the local buffer.
+enum Family : int { kDispatchFamily = 0, kCombineFamily = 1 };
+// Error codes of the device error record.
+enum ErrorCode : u32 { kOk = 0, kTimeout = 1, kBadTopk = 2, kOverflow = 3 };
+
+// Where everything lives: byte offsets inside every rank's symmetric buffer (the same on all
+// ranks) and inside this rank's handle block.
+struct Layout {
+    u64 peer_base[kMaxRanks];  // each rank's buffer, valid here under unified addressing
+    u64 handle;                // this rank's handle block (local)
+    u64 deadline_ns;           // budget of every wait
+    // buffer regions
+    u64 off_epochs, off_signals, off_status, off_counts, off_meta, off_in_rows, off_in_scales;
+    u64 off_out_rows, off_out_scales, off_out_probs, off_comb_rows, off_comb_prob_grads, off_error;
+    // handle regions
+    u64 h_recv_slot, h_send_row, h_idx, h_padded, h_counts, h_seg_base, h_src_tokens, h_total_rows;
+    int rank, ranks, experts, topk, hidden, max_tokens, max_rows, _pad0;
+};
+
+struct DispatchParams {
+    Layout l;
+    u64 topk_idx;  // [T, K] i32, this rank's routing (full mode)
+    u64 probs;     // [T, K] f32 (full mode)
+    int tokens, pad_multiple, row_bytes, scales_per_row, row_bound, cached, _pad0, _pad1;
+};
+
+struct CombineParams {
+    Layout l;
+    u64 y;           // [T, H] bf16 output
+    u64 grad_probs;  // [T, K] f32 output, or 0
+    int with_prob_grads, _pad0, _pad1, _pad2;
+};
+
+// What a failed call leaves behind on its rank (read by the host after a sync).
+struct ErrorRecord {
+    u32 code, rank, what, peer;
+    u64 seen, expected;
+};
+
+}  // namespace ep
+
+static_assert(sizeof(ep::Layout) == 8 * 8 + 23 * 8 + 8 * 4, "Layout mirrors src/params.rs");
+static_assert(sizeof(ep::DispatchParams) == sizeof(ep::Layout) + 16 + 32, "DispatchParams mirrors src/params.rs");
+static_assert(sizeof(ep::CombineParams) == sizeof(ep::Layout) + 16 + 16, "CombineParams mirrors src/params.rs");
+static_assert(sizeof(ep::ErrorRecord) == 32, "ErrorRecord mirrors src/params.rs");

@@ -79,6 +79,7 @@ pub struct ErrorRecord {
     pub expected: u64,
 }
 
+pub const ERR_OK: u32 = 0;
 pub const ERR_TIMEOUT: u32 = 1;
 pub const ERR_BAD_TOPK: u32 = 2;
 pub const ERR_OVERFLOW: u32 = 3;

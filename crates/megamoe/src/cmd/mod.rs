@@ -1,0 +1,2 @@
+pub mod bench_dispatch;
+pub mod selftest;

@@ -48,6 +48,11 @@ struct CombineParams {
     int with_prob_grads, _pad0, _pad1, _pad2;
 };
 
+struct GatherParams {
+    u64 src, dst, index;  // rows [*, row_bytes], rows [rows, row_bytes], i32 [rows]
+    int rows, row_bytes;
+};
+
 // What a failed call leaves behind on its rank (read by the host after a sync).
 struct ErrorRecord {
     u32 code, rank, what, peer;
@@ -59,4 +64,5 @@ struct ErrorRecord {
 static_assert(sizeof(ep::Layout) == 8 * 8 + 23 * 8 + 8 * 4, "Layout mirrors src/params.rs");
 static_assert(sizeof(ep::DispatchParams) == sizeof(ep::Layout) + 16 + 32, "DispatchParams mirrors src/params.rs");
 static_assert(sizeof(ep::CombineParams) == sizeof(ep::Layout) + 16 + 16, "CombineParams mirrors src/params.rs");
+static_assert(sizeof(ep::GatherParams) == 32, "GatherParams mirrors src/params.rs");
 static_assert(sizeof(ep::ErrorRecord) == 32, "ErrorRecord mirrors src/params.rs");

@@ -25,12 +25,13 @@ pub fn gpu_count() -> Result<usize, EpError> {
     Ok(cuda("cuDeviceGetCount", result::device::get_count())? as usize)
 }
 
-const HEADERS: [(&str, &str); 5] = [
+const HEADERS: [(&str, &str); 6] = [
     ("params.cuh", include_str!("../kernels/params.cuh")),
     ("ptx/ld_st.cuh", include_str!("../kernels/ptx/ld_st.cuh")),
     ("comm/sync.cuh", include_str!("../kernels/comm/sync.cuh")),
     ("impls/dispatch.cuh", include_str!("../kernels/impls/dispatch.cuh")),
     ("impls/combine.cuh", include_str!("../kernels/impls/combine.cuh")),
+    ("impls/gather.cuh", include_str!("../kernels/impls/gather.cuh")),
 ];
 const TRANSLATION_UNIT: &str = include_str!("../kernels/ep.cu");
 
@@ -121,6 +122,7 @@ pub struct Gpu {
     module: sys::CUmodule,
     pub dispatch: sys::CUfunction,
     pub combine: sys::CUfunction,
+    pub gather: sys::CUfunction,
     pub multiprocessors: usize,
 }
 
@@ -140,7 +142,8 @@ impl Gpu {
             let module = cuda("cuModuleLoadData", result::module::load_data(cubin.image.as_ptr().cast()))?;
             let dispatch = cuda("ep_dispatch", result::module::get_function(module, CString::new("ep_dispatch").unwrap()))?;
             let combine = cuda("ep_combine", result::module::get_function(module, CString::new("ep_combine").unwrap()))?;
-            Ok(Gpu { ordinal, ctx, module, dispatch, combine, multiprocessors })
+            let gather = cuda("ep_gather", result::module::get_function(module, CString::new("ep_gather").unwrap()))?;
+            Ok(Gpu { ordinal, ctx, module, dispatch, combine, gather, multiprocessors })
         }
     }
 

@@ -1,6 +1,7 @@
 //! megamoe-ep: expert-parallel dispatch and combine with the permute fused into the
 //! communication kernels (SPEC §5), forward and backward, over NVLink.
 
+pub mod baseline;
 pub mod error;
 pub mod gpu;
 pub mod layout;

@@ -67,6 +67,16 @@ pub struct CombineParams {
     pub _pad2: i32,
 }
 
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GatherParams {
+    pub src: u64,
+    pub dst: u64,
+    pub index: u64,
+    pub rows: i32,
+    pub row_bytes: i32,
+}
+
 /// What a failed call leaves in its rank's buffer.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -89,4 +99,5 @@ const _: () = assert!(std::mem::size_of::<Layout>() == 8 * 8 + 23 * 8 + 8 * 4);
 const _: () = assert!(std::mem::size_of::<DispatchParams>() == std::mem::size_of::<Layout>() + 16 + 32);
 const _: () = assert!(std::mem::size_of::<CombineParams>() == std::mem::size_of::<Layout>() + 16 + 16);
 const _: () = assert!(std::mem::size_of::<ErrorRecord>() == 32);
+const _: () = assert!(std::mem::size_of::<GatherParams>() == 32);
 const _: () = assert!(std::mem::align_of::<DispatchParams>() == 8);

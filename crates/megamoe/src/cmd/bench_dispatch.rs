@@ -6,6 +6,7 @@ use megamoe_core::Preset;
 use megamoe_ep::layout::{BufferSpec, RowDtype};
 use megamoe_ep::plan::PermutePlan;
 use megamoe_ep::routing::{tokens_per_rank, topk_idx, Routing};
+use megamoe_ep::baseline::NcclBaseline;
 use megamoe_ep::{gpu::Event, EpConfig, EpWorld, Handle, SyncMode};
 
 #[derive(clap::Args, Clone, Debug)]
@@ -91,23 +92,51 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let (d_nvl, d_hbm, c_nvl, c_hbm) = traffic(&plan, &idx, shape.hidden, rb);
     let (cb_nvl, cb_hbm, _, _) = traffic(&plan, &idx, shape.hidden, shape.hidden * 2);
 
+    // The baseline moves the same rows; checked once against our dispatch output (BF16 rows only
+    // carry no scales, so the two outputs must be identical there).
+    let baseline = match NcclBaseline::new(&world, &plan, &idx, dtype.row_bytes(shape.hidden)) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            println!("NCCL baseline not run: {e}");
+            None
+        }
+    };
+    if let Some(b) = &baseline {
+        let mut handle = world.new_handle()?;
+        world.dispatch_with_permute(&tokens, args.pad_multiple, SyncMode::Blocking, &mut handle)?;
+        b.dispatch(&world, true)?;
+        world.sync()?;
+        let same = (0..args.ranks).all(|r| {
+            let rows = plan.rows_per_rank[r] * dtype.row_bytes(shape.hidden);
+            matches!((b.output(r), world.buffer(r).download::<u8>(world.layout.out_rows, rows)), (Ok(a), Ok(c)) if a == c)
+        });
+        println!("NCCL baseline output identical to dispatch_with_permute: {same}");
+    }
     println!("| SMs | arm | µs median | per-round min–max | NVLink MB/GPU | GB/s per GPU | floor µs | × floor |");
     println!("|---|---|---|---|---|---|---|---|");
     for &sms in &args.sms {
         world.config.num_sms = sms;
         let mut handle = world.new_handle()?;
         world.dispatch_with_permute(&tokens, args.pad_multiple, SyncMode::Blocking, &mut handle)?;
-        let mut arms = [
+        let mut arms = vec![
             Arm { name: "dispatch_with_permute", nvlink_bytes: d_nvl, hbm_bytes: d_hbm, rounds: vec![] },
             Arm { name: "combine_with_unpermute", nvlink_bytes: c_nvl, hbm_bytes: c_hbm, rounds: vec![] },
             Arm { name: "combine backward (bf16 dispatch)", nvlink_bytes: cb_nvl, hbm_bytes: cb_hbm, rounds: vec![] },
             Arm { name: "dispatch backward (combine + prob grads)", nvlink_bytes: c_nvl, hbm_bytes: c_hbm, rounds: vec![] },
         ];
+        if let Some(b) = &baseline {
+            // Each slot's row crosses NVLink separately; HBM: the two permutes read and write
+            // every slot row once each, the exchange writes them once more.
+            let slot_rows: usize = idx.iter().flatten().filter(|&&e| e >= 0).count() / args.ranks;
+            let hbm = (5 * slot_rows * dtype.row_bytes(shape.hidden)) as f64;
+            arms.push(Arm { name: "NCCL a2a-v + 2 permutes (Megatron path)", nvlink_bytes: b.nvlink_bytes(), hbm_bytes: hbm, rounds: vec![] });
+            arms.push(Arm { name: "NCCL a2a-v alone", nvlink_bytes: b.nvlink_bytes(), hbm_bytes: 0.0, rounds: vec![] });
+        }
         let n = arms.len();
         for round in 0..3 {
             for i in 0..n {
                 let a = if round % 2 == 0 { i } else { n - 1 - i };
-                let us = time_arm(&world, a, &tokens, args.pad_multiple, &mut handle, args.iters)?;
+                let us = time_arm(&world, baseline.as_ref(), a, &tokens, args.pad_multiple, &mut handle, args.iters)?;
                 arms[a].rounds.push(us);
             }
         }
@@ -171,7 +200,7 @@ fn traffic(plan: &PermutePlan, idx: &[Vec<i32>], hidden: usize, row_bytes: usize
 }
 
 /// Median over `iters` calls of the slowest rank's event time, µs.
-fn time_arm(world: &EpWorld, arm: usize, tokens: &[usize], pad: usize, handle: &mut Handle, iters: usize) -> Result<f64, Box<dyn std::error::Error>> {
+fn time_arm(world: &EpWorld, baseline: Option<&NcclBaseline>, arm: usize, tokens: &[usize], pad: usize, handle: &mut Handle, iters: usize) -> Result<f64, Box<dyn std::error::Error>> {
     let ranks = world.ranks();
     let bound = SyncMode::NonBlocking { row_bound: world.config.spec.max_rows() };
     let call = |h: &mut Handle| -> Result<(), megamoe_ep::EpError> {
@@ -179,7 +208,9 @@ fn time_arm(world: &EpWorld, arm: usize, tokens: &[usize], pad: usize, handle: &
             0 => world.dispatch_with_permute(tokens, pad, bound, h).map(|_| ()),
             1 => world.combine_with_unpermute(h, false, bound),
             2 => world.combine_backward(h, bound),
-            _ => world.dispatch_backward(h, bound),
+            3 => world.dispatch_backward(h, bound),
+            4 => baseline.expect("baseline arm").dispatch(world, true),
+            _ => baseline.expect("baseline arm").dispatch(world, false),
         }
     };
     for _ in 0..3 {

@@ -50,4 +50,15 @@ pub enum Error {
         got: usize,
         capacity: usize,
     },
+
+    #[error("rank {rank}: {source}")]
+    OnRank { rank: usize, source: Box<Error> },
+
+    #[error("rank {rank} needs {needed} rows but `{arg}` allows {bound}")]
+    Overflow {
+        arg: &'static str,
+        rank: usize,
+        needed: usize,
+        bound: usize,
+    },
 }

@@ -6,9 +6,19 @@
 //! what this crate defines and are checked against it.
 
 pub mod batch;
+pub mod diff;
 pub mod error;
+pub mod numerics;
+pub mod permute;
 pub mod preset;
+pub mod quant;
+pub mod reference;
+pub mod routing;
+mod simd;
+pub mod weights;
 
 pub use batch::{RankInputs, WorldInputs};
 pub use error::{Error, Result};
 pub use preset::{Preset, Shape, PRESETS};
+pub use reference::{fused_layer, fused_layer_f64, LayerOptions};
+pub use weights::{Matrix, WeightGen, WeightSource};

@@ -1,0 +1,11 @@
+//! Routing: seeded generation of a world's inputs (uniform, Zipf-skewed, masked slots, uneven
+//! token counts) and validation of any world's inputs.
+
+mod generate;
+pub mod rng;
+mod validate;
+
+pub use generate::{generate_rank, generate_world, token_counts, RoutingKind, RoutingSpec};
+pub use validate::{validate_rank, validate_world};
+
+pub(crate) use validate::{check_len, check_slot_weights, check_topk_idx, on_rank};

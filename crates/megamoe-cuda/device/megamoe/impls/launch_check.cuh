@@ -1,0 +1,70 @@
+// Kernels that check the launch path: more than 48 KB of dynamic shared memory, cluster
+// dimensions, programmatic dependent launch, and a TMA tile load through a host-encoded
+// tensor map with a deadline on its mbarrier.
+#pragma once
+#include <megamoe/comm/deadline.cuh>
+#include <megamoe/ptx/tma.cuh>
+
+namespace megamoe::impls {
+
+struct LaunchCheckParams {
+  u64 out;         // u32 [gridDim.x, 3]: last shared word, cluster rank, cluster size
+  u32 smem_words;  // dynamic shared memory in u32 words
+  u32 pad;
+};
+MEGAMOE_PARAMS_LAYOUT(LaunchCheckParams, 16, 8);
+
+__device__ __forceinline__ void launch_check(const LaunchCheckParams& p) {
+  extern __shared__ u32 words[];
+  // With programmatic dependent launch this waits for the previous kernel; without, it returns.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  for (u32 i = threadIdx.x; i < p.smem_words; i += blockDim.x) words[i] = i * 3 + blockIdx.x;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    u32 cta_rank, cta_count;
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(cta_rank));
+    asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(cta_count));
+    u32* out = reinterpret_cast<u32*>(p.out) + blockIdx.x * 3;
+    out[0] = words[p.smem_words - 1];
+    out[1] = cta_rank;
+    out[2] = cta_count;
+  }
+}
+
+// One block loads a kTileRows x kTileCols u32 tile at (x, y) with TMA and writes it out.
+constexpr u32 kTileRows = 16;
+constexpr u32 kTileCols = 32;
+
+struct TmaCheckParams {
+  ptx::TensorMap map;
+  u64 out;  // u32 [kTileRows, kTileCols]
+  u64 record;
+  u64 timeout_ns;
+  i32 x;
+  i32 y;
+};
+MEGAMOE_PARAMS_LAYOUT(TmaCheckParams, 192, 64);
+
+__device__ __forceinline__ void tma_check(const TmaCheckParams& p) {
+  __shared__ alignas(128) u32 tile[kTileRows * kTileCols];
+  __shared__ alignas(8) u64 bar;
+  if (threadIdx.x == 0) {
+    ptx::mbarrier_init(&bar, 1);
+    ptx::mbarrier_arrive_expect_tx(&bar, sizeof(tile));
+    ptx::tma_load_2d(tile, &p.map, &bar, p.x, p.y);
+  }
+  __syncthreads();
+  const comm::Deadline deadline = comm::Deadline::after(p.timeout_ns);
+  while (!ptx::mbarrier_try_wait_parity(&bar, 0)) {
+    if (deadline.expired()) {
+      comm::report_timeout(reinterpret_cast<comm::WaitRecord*>(p.record), comm::Wait::TmaLoad, 0,
+                           0, 0, sizeof(tile));
+      return;
+    }
+  }
+  for (u32 i = threadIdx.x; i < kTileRows * kTileCols; i += blockDim.x) {
+    reinterpret_cast<u32*>(p.out)[i] = tile[i];
+  }
+}
+
+}  // namespace megamoe::impls

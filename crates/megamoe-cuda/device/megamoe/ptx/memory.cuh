@@ -1,0 +1,55 @@
+// Thin wrappers over global-memory PTX: streaming 16-byte loads and system-scope acquire/release
+// accesses used for flags that peers read over NVLink.
+#pragma once
+#include <megamoe/common.cuh>
+
+namespace megamoe::ptx {
+
+// 16-byte load through the non-coherent path, not kept in L1 (data read once).
+__device__ __forceinline__ uint4 ld_stream_v4(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// 16-byte load of memory that another GPU may have written before a barrier (no .nc).
+__device__ __forceinline__ uint4 ld_v4(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ void st_v4(void* p, uint4 v) {
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z),
+               "r"(v.w)
+               : "memory");
+}
+
+__device__ __forceinline__ void st_v2(void* p, uint2 v) {
+  asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(v.x), "r"(v.y) : "memory");
+}
+
+__device__ __forceinline__ u64 ld_acquire_sys(const u64* p) {
+  u64 v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void st_release_sys(u64* p, u64 v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ u32 atomic_cas_u32(u32* p, u32 expected, u32 desired) {
+  u32 old;
+  asm volatile("atom.cas.relaxed.gpu.global.b32 %0, [%1], %2, %3;"
+               : "=r"(old)
+               : "l"(p), "r"(expected), "r"(desired)
+               : "memory");
+  return old;
+}
+
+}  // namespace megamoe::ptx

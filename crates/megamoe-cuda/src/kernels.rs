@@ -1,0 +1,164 @@
+//! This crate's kernels: their params structs (mirrors of the device structs, layout asserted
+//! on both sides) and their configurations.
+//!
+//! Registry hook: every crate with kernels exposes `pub fn kernel_specs() -> Vec<KernelSpec>`
+//! listing every configuration it may compile at run time; its compile test calls
+//! [`crate::jit::assert_compiles_clean`] on that list, and `megamoe selftest` compiles all
+//! lists. [`kernel_specs`] is this crate's.
+
+use crate::device::Pod;
+use crate::jit::KernelSpec;
+use crate::tma::TensorMap;
+
+/// A translation unit that includes `header` and defines `extern "C" __global__ entry` calling
+/// `megamoe::impls::body(p)` with one `const __grid_constant__` params struct.
+fn unit(name: &str, header: &str, params: &str, body: &str, threads: u32) -> KernelSpec {
+    KernelSpec {
+        name: name.to_string(),
+        entry: name.to_string(),
+        source: format!(
+            "#include <megamoe/impls/{header}>\n\
+             extern \"C\" __global__ void __launch_bounds__({threads}) \
+             {name}(const __grid_constant__ megamoe::impls::{params} p) {{\n  \
+             megamoe::impls::{body}(p);\n}}\n"
+        ),
+        headers: vec![],
+        options: vec![],
+    }
+}
+
+macro_rules! assert_layout {
+    ($t:ty, $size:expr, $align:expr) => {
+        const _: () = assert!(std::mem::size_of::<$t>() == $size);
+        const _: () = assert!(std::mem::align_of::<$t>() == $align);
+        unsafe impl Pod for $t {}
+    };
+}
+
+/// `impls::QuantParams`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct QuantParams {
+    pub x: u64,
+    pub q: u64,
+    pub sf: u64,
+    pub rows: u32,
+    pub cols: u32,
+}
+assert_layout!(QuantParams, 32, 8);
+
+/// Threads per block and 128-column blocks per half-warp of the quantizer.
+pub const QUANT_THREADS: u32 = 256;
+pub const QUANT_BLOCKS_PER_HALF_WARP: u32 = 2;
+
+pub fn quant_e4m3() -> KernelSpec {
+    let b = QUANT_BLOCKS_PER_HALF_WARP;
+    unit(
+        &format!("quant_e4m3_b{b}"),
+        "quant_e4m3.cuh",
+        "QuantParams",
+        &format!("quant_e4m3<{b}>"),
+        QUANT_THREADS,
+    )
+}
+
+/// `impls::CopyParams`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CopyParams {
+    pub dst: u64,
+    pub src: u64,
+    pub bytes: u64,
+}
+assert_layout!(CopyParams, 24, 8);
+
+pub const COPY_THREADS: u32 = 512;
+
+pub fn nvlink_copy() -> KernelSpec {
+    unit(
+        "nvlink_copy_u4",
+        "nvlink_copy.cuh",
+        "CopyParams",
+        "copy_v4<4>",
+        COPY_THREADS,
+    )
+}
+
+/// `impls::RankBarrierParams`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct RankBarrierParams {
+    pub peer_signals: u64,
+    pub record: u64,
+    pub epoch: u64,
+    pub timeout_ns: u64,
+    pub rank: u32,
+    pub world: u32,
+}
+assert_layout!(RankBarrierParams, 40, 8);
+
+pub fn rank_barrier() -> KernelSpec {
+    unit(
+        "rank_barrier",
+        "rank_barrier.cuh",
+        "RankBarrierParams",
+        "rank_barrier",
+        32,
+    )
+}
+
+/// `impls::LaunchCheckParams`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct LaunchCheckParams {
+    pub out: u64,
+    pub smem_words: u32,
+    pub pad: u32,
+}
+assert_layout!(LaunchCheckParams, 16, 8);
+
+pub fn launch_check() -> KernelSpec {
+    unit(
+        "launch_check",
+        "launch_check.cuh",
+        "LaunchCheckParams",
+        "launch_check",
+        256,
+    )
+}
+
+/// `impls::TmaCheckParams`; the tile is `TMA_TILE_ROWS x TMA_TILE_COLS` u32.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct TmaCheckParams {
+    pub map: TensorMap,
+    pub out: u64,
+    pub record: u64,
+    pub timeout_ns: u64,
+    pub x: i32,
+    pub y: i32,
+}
+assert_layout!(TmaCheckParams, 192, 64);
+pub const TMA_TILE_ROWS: u32 = 16;
+pub const TMA_TILE_COLS: u32 = 32;
+
+pub fn tma_check() -> KernelSpec {
+    unit(
+        "tma_check",
+        "launch_check.cuh",
+        "TmaCheckParams",
+        "tma_check",
+        128,
+    )
+}
+
+/// Every configuration this crate compiles.
+pub fn kernel_specs() -> Vec<KernelSpec> {
+    vec![
+        quant_e4m3(),
+        nvlink_copy(),
+        rank_barrier(),
+        launch_check(),
+        tma_check(),
+    ]
+}

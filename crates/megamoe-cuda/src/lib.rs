@@ -1,0 +1,65 @@
+//! megamoe-cuda: the GPU runtime of megamoe.
+//!
+//! Library discovery, NVRTC compilation of header-only kernels to sm_90a CUBINs through a disk
+//! cache, devices, buffers, launches, event timing and TMA tensor maps. Nothing here needs CUDA
+//! at build time: libcuda and libnvrtc are found and loaded at run time ([`probe`]), and a
+//! missing library is an [`Error::LibraryNotFound`], never a panic.
+//!
+//! # The API in one screen
+//!
+//! ```no_run
+//! use megamoe_cuda::{jit, kernels, Gpu, LaunchConfig};
+//! # fn main() -> megamoe_cuda::Result<()> {
+//! let gpus = Gpu::all()?;                                   // Error::NoGpu if none
+//! let gpu = &gpus[0];
+//! let x = gpu.alloc_from(&vec![half::bf16::ONE; 4 * 256])?; // cuMemAlloc, peer-accessible
+//! let q = gpu.alloc_zeroed(4 * 256)?;
+//! let sf = gpu.alloc_zeroed(4 * 2 * 4)?;
+//! let compiled = jit::compile(&kernels::quant_e4m3())?;     // NVRTC -> CUBIN, disk-cached
+//! println!("{}", compiled.report);                          // registers, spills, smem...
+//! let kernel = gpu.load(&compiled)?;
+//! let params = kernels::QuantParams { x: x.ptr(), q: q.ptr(), sf: sf.ptr(), rows: 4, cols: 256 };
+//! let timer = gpu.timer()?;
+//! timer.start()?;
+//! gpu.launch(&kernel, &LaunchConfig::new(1, 256), &params)?;
+//! timer.stop()?;
+//! println!("{} ms", timer.elapsed_ms()?);
+//! let bytes: Vec<u8> = q.download()?;
+//! # Ok(()) }
+//! ```
+//!
+//! - [`Gpu`]: a device's primary context plus a stream of its own ([`Gpu::all`], [`Gpu::new`],
+//!   [`Gpu::with_new_stream`] for a second stream on the same device). Buffers
+//!   ([`DeviceBuffer`]: `upload`, `download`, `memset`, `ptr() -> u64`), peer access, copy-engine
+//!   copies, module loading ([`Gpu::load`]) and [`Gpu::launch`].
+//! - [`LaunchConfig`]: grid, block, dynamic shared memory (the function's limit is raised above
+//!   48 KB automatically), cluster dimensions, programmatic dependent launch. Every launch goes
+//!   through `cuLaunchKernelEx` with ONE `#[repr(C)]` params struct ([`Pod`]) passed by value:
+//!   the kernel signature is `extern "C" __global__ void k(const __grid_constant__ Params p)`.
+//! - [`jit`]: [`jit::KernelSpec`] (generated translation unit + entry + extra header sets +
+//!   options) → [`jit::compile`] → [`jit::CompiledKernel`] (CUBIN, log, [`jit::PtxasReport`]).
+//!   Other crates embed their device headers with [`header_set!`] and include this crate's as
+//!   `#include <megamoe/ptx/memory.cuh>`. Registry hook: each crate exposes
+//!   `kernel_specs() -> Vec<KernelSpec>`; its tests call [`jit::assert_compiles_clean`].
+//! - [`TiledMap::encode`] → [`TensorMap`], 128 bytes aligned to 64, embedded in params.
+//! - [`WaitRecord`] / [`Wait`]: what a device-side wait that ran past its deadline records,
+//!   decoded into [`Error::WaitTimeout`].
+//!
+//! # Finding CUDA
+//! See [`probe`]: `MEGAMOE_NVRTC_LIB`, `MEGAMOE_CUDA_HOME`, the system paths, then the
+//! project-local `.toolchain/` that `scripts/install-cuda-toolchain.sh` fills from PyPI.
+
+pub mod device;
+pub mod error;
+pub mod jit;
+pub mod kernels;
+pub mod nvrtc;
+pub mod probe;
+pub mod tma;
+pub mod wait;
+
+pub use device::{device_count, DeviceBuffer, Gpu, GpuProps, Kernel, LaunchConfig, Pod, Timer};
+pub use error::{Error, Result};
+pub use jit::{CompiledKernel, KernelSpec};
+pub use tma::{Swizzle, TensorMap, TiledMap, TmaDtype};
+pub use wait::{Wait, WaitRecord};

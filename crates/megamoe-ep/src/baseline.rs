@@ -37,10 +37,18 @@ fn nccl_err(what: &str, e: nccl::NcclError) -> EpError {
 
 impl NcclBaseline {
     /// Needs one rank per GPU (NCCL has no virtual ranks). `idx[r]` is rank r's topk_idx.
-    pub fn new(world: &EpWorld, plan: &PermutePlan, idx: &[Vec<i32>], row_bytes: usize) -> Result<Self, EpError> {
+    pub fn new(
+        world: &EpWorld,
+        plan: &PermutePlan,
+        idx: &[Vec<i32>],
+        row_bytes: usize,
+    ) -> Result<Self, EpError> {
         let r = world.ranks();
         if world.physical_gpus() != r {
-            return Err(EpError::NoGpu(format!("the NCCL baseline needs {r} GPUs, {} present", world.physical_gpus())));
+            return Err(EpError::NoGpu(format!(
+                "the NCCL baseline needs {r} GPUs, {} present",
+                world.physical_gpus()
+            )));
         }
         // SAFETY: probes whether the library can be opened.
         if !unsafe { nccl_sys::is_culib_present() } {
@@ -62,14 +70,18 @@ impl NcclBaseline {
                 send_counts[e as usize / el] += 1;
             }
             let recv_counts: Vec<usize> = (0..r)
-                .map(|src| (s * el..(s + 1) * el).map(|e| plan.counts[src * e_all + e] as usize).sum())
+                .map(|src| {
+                    (s * el..(s + 1) * el)
+                        .map(|e| plan.counts[src * e_all + e] as usize)
+                        .sum()
+                })
                 .collect();
             // Receiver side: output row -> row of the received buffer (sources back to back, each
             // in (expert, token) order), −1 for padding.
             let n_out = plan.rows_per_rank[s];
             let mut recv_index = vec![-1i32; n_out];
             let mut chunk = 0usize;
-            for src in 0..r {
+            for (src, src_idx) in idx.iter().enumerate() {
                 let mut expert_start = vec![0usize; el];
                 let mut acc = chunk;
                 for (j, start) in expert_start.iter_mut().enumerate() {
@@ -78,10 +90,11 @@ impl NcclBaseline {
                 }
                 for t in 0..plan.tokens[src] {
                     for kk in 0..k {
-                        if let Some((d, row)) = plan.dest(src, &idx[src], t, kk) {
+                        if let Some((d, row)) = plan.dest(src, src_idx, t, kk) {
                             if d == s {
-                                let e = idx[src][t * k + kk] as usize - s * el;
-                                recv_index[row] = (expert_start[e] + plan.pos[src][t * k + kk] as usize) as i32;
+                                let e = src_idx[t * k + kk] as usize - s * el;
+                                recv_index[row] =
+                                    (expert_start[e] + plan.pos[src][t * k + kk] as usize) as i32;
                             }
                         }
                     }
@@ -109,15 +122,28 @@ impl NcclBaseline {
         let mut comms = vec![std::ptr::null_mut(); r];
         let devs: Vec<i32> = (0..r as i32).collect();
         // SAFETY: one communicator per listed device, written into `comms`.
-        unsafe { nccl::comm_init_all(comms.as_mut_ptr(), r as i32, devs.as_ptr()) }.map_err(|e| nccl_err("init", e))?;
+        unsafe { nccl::comm_init_all(comms.as_mut_ptr(), r as i32, devs.as_ptr()) }
+            .map_err(|e| nccl_err("init", e))?;
         let grid = world.gpu_of(0).multiprocessors as u32;
-        Ok(NcclBaseline { comms, ranks, row_bytes, grid })
+        Ok(NcclBaseline {
+            comms,
+            ranks,
+            row_bytes,
+            grid,
+        })
     }
 
     /// The NVLink bytes the slowest rank receives (each slot's row separately).
     pub fn nvlink_bytes(&self) -> f64 {
         (0..self.ranks.len())
-            .map(|d| self.ranks.iter().enumerate().filter(|(s, _)| *s != d).map(|(_, b)| b.send_counts[d]).sum::<usize>())
+            .map(|d| {
+                self.ranks
+                    .iter()
+                    .enumerate()
+                    .filter(|(s, _)| *s != d)
+                    .map(|(_, b)| b.send_counts[d])
+                    .sum::<usize>()
+            })
             .max()
             .unwrap_or(0) as f64
             * self.row_bytes as f64
@@ -128,8 +154,19 @@ impl NcclBaseline {
         let r = self.ranks.len();
         if permute {
             for (s, b) in self.ranks.iter().enumerate() {
-                let p = GatherParams { src: world.ptrs(s).x, dst: b.send.ptr, index: b.send_index.ptr, rows: b.n_send as i32, row_bytes: self.row_bytes as i32 };
-                world.stream(s).launch(world.gpu_of(s).gather, self.grid, 512, &p)?;
+                let p = GatherParams {
+                    src: world.ptrs(s).x,
+                    dst: b.send.ptr,
+                    index: b.send_index.ptr,
+                    rows: b.n_send as i32,
+                    row_bytes: self.row_bytes as i32,
+                };
+                // SAFETY: the kernel takes exactly this parameter struct; its addresses are live buffers.
+                unsafe {
+                    world
+                        .stream(s)
+                        .launch(world.gpu_of(s).gather, self.grid, 512, &p)
+                }?;
             }
         }
         nccl::group_start().map_err(|e| nccl_err("group start", e))?;
@@ -138,13 +175,30 @@ impl NcclBaseline {
             let stream = world.stream(s).raw as nccl_sys::cudaStream_t;
             let (mut so, mut ro) = (0usize, 0usize);
             for d in 0..r {
-                let (sn, rn) = (b.send_counts[d] * self.row_bytes, b.recv_counts[d] * self.row_bytes);
+                let (sn, rn) = (
+                    b.send_counts[d] * self.row_bytes,
+                    b.recv_counts[d] * self.row_bytes,
+                );
                 // SAFETY: ranges inside this rank's send/recv buffers; counts agree pairwise.
                 unsafe {
-                    nccl::send((b.send.ptr + so as u64) as *const _, sn, nccl_sys::ncclDataType_t::ncclUint8, d as i32, self.comms[s], stream)
-                        .map_err(|e| nccl_err("send", e))?;
-                    nccl::recv((b.recv.ptr + ro as u64) as *mut _, rn, nccl_sys::ncclDataType_t::ncclUint8, d as i32, self.comms[s], stream)
-                        .map_err(|e| nccl_err("recv", e))?;
+                    nccl::send(
+                        (b.send.ptr + so as u64) as *const _,
+                        sn,
+                        nccl_sys::ncclDataType_t::ncclUint8,
+                        d as i32,
+                        self.comms[s],
+                        stream,
+                    )
+                    .map_err(|e| nccl_err("send", e))?;
+                    nccl::recv(
+                        (b.recv.ptr + ro as u64) as *mut _,
+                        rn,
+                        nccl_sys::ncclDataType_t::ncclUint8,
+                        d as i32,
+                        self.comms[s],
+                        stream,
+                    )
+                    .map_err(|e| nccl_err("recv", e))?;
                 }
                 so += sn;
                 ro += rn;
@@ -153,8 +207,19 @@ impl NcclBaseline {
         nccl::group_end().map_err(|e| nccl_err("group end", e))?;
         if permute {
             for (s, b) in self.ranks.iter().enumerate() {
-                let p = GatherParams { src: b.recv.ptr, dst: b.out.ptr, index: b.recv_index.ptr, rows: b.n_out as i32, row_bytes: self.row_bytes as i32 };
-                world.stream(s).launch(world.gpu_of(s).gather, self.grid, 512, &p)?;
+                let p = GatherParams {
+                    src: b.recv.ptr,
+                    dst: b.out.ptr,
+                    index: b.recv_index.ptr,
+                    rows: b.n_out as i32,
+                    row_bytes: self.row_bytes as i32,
+                };
+                // SAFETY: the kernel takes exactly this parameter struct; its addresses are live buffers.
+                unsafe {
+                    world
+                        .stream(s)
+                        .launch(world.gpu_of(s).gather, self.grid, 512, &p)
+                }?;
             }
         }
         Ok(())
@@ -162,7 +227,9 @@ impl NcclBaseline {
 
     /// Rank `s`'s permuted output (for checking the baseline against the reference).
     pub fn output(&self, s: usize) -> Result<Vec<u8>, EpError> {
-        self.ranks[s].out.download(0, self.ranks[s].n_out * self.row_bytes)
+        self.ranks[s]
+            .out
+            .download(0, self.ranks[s].n_out * self.row_bytes)
     }
 }
 

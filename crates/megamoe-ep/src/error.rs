@@ -25,7 +25,11 @@ pub enum EpError {
         expected: u64,
     },
     #[error("rank {rank}: the dispatch needs {needed} rows but the caller's bound `row_bound` is {bound}; no rows were moved")]
-    Overflow { rank: usize, needed: u64, bound: u64 },
+    Overflow {
+        rank: usize,
+        needed: u64,
+        bound: u64,
+    },
 }
 
 impl EpError {

@@ -29,9 +29,18 @@ const HEADERS: [(&str, &str); 6] = [
     ("params.cuh", include_str!("../kernels/params.cuh")),
     ("ptx/ld_st.cuh", include_str!("../kernels/ptx/ld_st.cuh")),
     ("comm/sync.cuh", include_str!("../kernels/comm/sync.cuh")),
-    ("impls/dispatch.cuh", include_str!("../kernels/impls/dispatch.cuh")),
-    ("impls/combine.cuh", include_str!("../kernels/impls/combine.cuh")),
-    ("impls/gather.cuh", include_str!("../kernels/impls/gather.cuh")),
+    (
+        "impls/dispatch.cuh",
+        include_str!("../kernels/impls/dispatch.cuh"),
+    ),
+    (
+        "impls/combine.cuh",
+        include_str!("../kernels/impls/combine.cuh"),
+    ),
+    (
+        "impls/gather.cuh",
+        include_str!("../kernels/impls/gather.cuh"),
+    ),
 ];
 const TRANSLATION_UNIT: &str = include_str!("../kernels/ep.cu");
 
@@ -70,10 +79,15 @@ fn compile_uncached() -> Result<Cubin, EpError> {
     }
     let name_ptrs: Vec<_> = names.iter().map(|c| c.as_ptr()).collect();
     let body_ptrs: Vec<_> = bodies.iter().map(|c| c.as_ptr()).collect();
-    let opts: Vec<CString> = ["--gpu-architecture=sm_90a", "-std=c++17", "--ptxas-options=-v", "-lineinfo"]
-        .iter()
-        .map(|o| cstr(o))
-        .collect();
+    let opts: Vec<CString> = [
+        "--gpu-architecture=sm_90a",
+        "-std=c++17",
+        "--ptxas-options=-v",
+        "-lineinfo",
+    ]
+    .iter()
+    .map(|o| cstr(o))
+    .collect();
     let opt_ptrs: Vec<_> = opts.iter().map(|c| c.as_ptr()).collect();
     let nv = |what: &str, r: nvrtc::nvrtcResult| {
         if r == nvrtc::nvrtcResult::NVRTC_SUCCESS {
@@ -101,15 +115,25 @@ fn compile_uncached() -> Result<Cubin, EpError> {
         nvrtc::nvrtcGetProgramLogSize(prog, &mut n);
         let mut log = vec![0u8; n];
         nvrtc::nvrtcGetProgramLog(prog, log.as_mut_ptr().cast());
-        let log = String::from_utf8_lossy(&log).trim_end_matches('\0').to_string();
+        let log = String::from_utf8_lossy(&log)
+            .trim_end_matches('\0')
+            .to_string();
         if compiled != nvrtc::nvrtcResult::NVRTC_SUCCESS {
             nvrtc::nvrtcDestroyProgram(&mut prog);
-            return Err(EpError::Cuda(format!("NVRTC failed to compile kernels/ep.cu:\n{log}")));
+            return Err(EpError::Cuda(format!(
+                "NVRTC failed to compile kernels/ep.cu:\n{log}"
+            )));
         }
         let mut size = 0usize;
-        nv("nvrtcGetCUBINSize", nvrtc::nvrtcGetCUBINSize(prog, &mut size))?;
+        nv(
+            "nvrtcGetCUBINSize",
+            nvrtc::nvrtcGetCUBINSize(prog, &mut size),
+        )?;
         let mut image = vec![0u8; size];
-        nv("nvrtcGetCUBIN", nvrtc::nvrtcGetCUBIN(prog, image.as_mut_ptr().cast()))?;
+        nv(
+            "nvrtcGetCUBIN",
+            nvrtc::nvrtcGetCUBIN(prog, image.as_mut_ptr().cast()),
+        )?;
         nvrtc::nvrtcDestroyProgram(&mut prog);
         Ok(Cubin { image, log })
     }
@@ -139,11 +163,31 @@ impl Gpu {
         )? as usize;
         // SAFETY: the image is a complete CUBIN; the context is current.
         unsafe {
-            let module = cuda("cuModuleLoadData", result::module::load_data(cubin.image.as_ptr().cast()))?;
-            let dispatch = cuda("ep_dispatch", result::module::get_function(module, CString::new("ep_dispatch").unwrap()))?;
-            let combine = cuda("ep_combine", result::module::get_function(module, CString::new("ep_combine").unwrap()))?;
-            let gather = cuda("ep_gather", result::module::get_function(module, CString::new("ep_gather").unwrap()))?;
-            Ok(Gpu { ordinal, ctx, module, dispatch, combine, gather, multiprocessors })
+            let module = cuda(
+                "cuModuleLoadData",
+                result::module::load_data(cubin.image.as_ptr().cast()),
+            )?;
+            let dispatch = cuda(
+                "ep_dispatch",
+                result::module::get_function(module, CString::new("ep_dispatch").unwrap()),
+            )?;
+            let combine = cuda(
+                "ep_combine",
+                result::module::get_function(module, CString::new("ep_combine").unwrap()),
+            )?;
+            let gather = cuda(
+                "ep_gather",
+                result::module::get_function(module, CString::new("ep_gather").unwrap()),
+            )?;
+            Ok(Gpu {
+                ordinal,
+                ctx,
+                module,
+                dispatch,
+                combine,
+                gather,
+                multiprocessors,
+            })
         }
     }
 
@@ -159,11 +203,19 @@ impl Gpu {
         unsafe {
             sys::cuDeviceCanAccessPeer(&mut can, self.ctx.cu_device(), other.ctx.cu_device());
             if can == 0 {
-                return Err(EpError::Cuda(format!("GPU {} cannot access GPU {} (no peer path)", self.ordinal, other.ordinal)));
+                return Err(EpError::Cuda(format!(
+                    "GPU {} cannot access GPU {} (no peer path)",
+                    self.ordinal, other.ordinal
+                )));
             }
             let r = sys::cuCtxEnablePeerAccess(other.ctx.cu_ctx(), 0);
-            if r != sys::CUresult::CUDA_SUCCESS && r != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
-                return Err(EpError::Cuda(format!("cuCtxEnablePeerAccess {}→{}: {r:?}", self.ordinal, other.ordinal)));
+            if r != sys::CUresult::CUDA_SUCCESS
+                && r != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+            {
+                return Err(EpError::Cuda(format!(
+                    "cuCtxEnablePeerAccess {}→{}: {r:?}",
+                    self.ordinal, other.ordinal
+                )));
             }
         }
         Ok(())
@@ -196,22 +248,36 @@ impl DevBuf {
         gpu.bind()?;
         // SAFETY: a plain allocation on the current context.
         let ptr = cuda("cuMemAlloc", unsafe { result::malloc_sync(bytes.max(1)) })?;
-        Ok(DevBuf { ptr, bytes, ctx: gpu.ctx.clone() })
+        Ok(DevBuf {
+            ptr,
+            bytes,
+            ctx: gpu.ctx.clone(),
+        })
     }
 
     pub fn upload<T: Copy>(&self, offset: usize, data: &[T]) -> Result<(), EpError> {
-        assert!(offset + std::mem::size_of_val(data) <= self.bytes, "upload past the end");
+        assert!(
+            offset + std::mem::size_of_val(data) <= self.bytes,
+            "upload past the end"
+        );
         cuda("bind", self.ctx.bind_to_thread())?;
         // SAFETY: the range is inside the allocation (asserted).
-        cuda("cuMemcpyHtoD", unsafe { result::memcpy_htod_sync(self.ptr + offset as u64, data) })
+        cuda("cuMemcpyHtoD", unsafe {
+            result::memcpy_htod_sync(self.ptr + offset as u64, data)
+        })
     }
 
     pub fn download<T: Copy + Default>(&self, offset: usize, n: usize) -> Result<Vec<T>, EpError> {
-        assert!(offset + n * std::mem::size_of::<T>() <= self.bytes, "download past the end");
+        assert!(
+            offset + n * std::mem::size_of::<T>() <= self.bytes,
+            "download past the end"
+        );
         cuda("bind", self.ctx.bind_to_thread())?;
         let mut out = vec![T::default(); n];
         // SAFETY: the range is inside the allocation (asserted).
-        cuda("cuMemcpyDtoH", unsafe { result::memcpy_dtoh_sync(&mut out, self.ptr + offset as u64) })?;
+        cuda("cuMemcpyDtoH", unsafe {
+            result::memcpy_dtoh_sync(&mut out, self.ptr + offset as u64)
+        })?;
         Ok(out)
     }
 
@@ -219,7 +285,9 @@ impl DevBuf {
         assert!(offset + bytes <= self.bytes, "fill past the end");
         cuda("bind", self.ctx.bind_to_thread())?;
         // SAFETY: the range is inside the allocation (asserted).
-        cuda("cuMemsetD8", unsafe { result::memset_d8_sync(self.ptr + offset as u64, value, bytes) })
+        cuda("cuMemsetD8", unsafe {
+            result::memset_d8_sync(self.ptr + offset as u64, value, bytes)
+        })
     }
 }
 
@@ -246,35 +314,93 @@ unsafe impl Sync for Stream {}
 impl Stream {
     pub fn new(gpu: &Gpu) -> Result<Self, EpError> {
         gpu.bind()?;
-        let raw = cuda("cuStreamCreate", result::stream::create(result::stream::StreamKind::NonBlocking))?;
-        Ok(Stream { raw, ctx: gpu.ctx.clone() })
+        let raw = cuda(
+            "cuStreamCreate",
+            result::stream::create(result::stream::StreamKind::NonBlocking),
+        )?;
+        Ok(Stream {
+            raw,
+            ctx: gpu.ctx.clone(),
+        })
     }
 
     pub fn synchronize(&self) -> Result<(), EpError> {
         cuda("bind", self.ctx.bind_to_thread())?;
         // SAFETY: the stream belongs to the bound context.
-        cuda("cuStreamSynchronize", unsafe { result::stream::synchronize(self.raw) })
+        cuda("cuStreamSynchronize", unsafe {
+            result::stream::synchronize(self.raw)
+        })
     }
 
     /// Launches `f` with `grid` blocks of `threads` and one parameter struct.
-    pub fn launch<P: Copy>(&self, f: sys::CUfunction, grid: u32, threads: u32, params: &P) -> Result<(), EpError> {
+    ///
+    /// # Safety
+    /// `f` is a kernel of this stream's context whose single parameter is a `P`, and every
+    /// address inside `params` is valid for what the kernel does with it.
+    pub unsafe fn launch<P: Copy>(
+        &self,
+        f: sys::CUfunction,
+        grid: u32,
+        threads: u32,
+        params: &P,
+    ) -> Result<(), EpError> {
         cuda("bind", self.ctx.bind_to_thread())?;
         let mut args = [params as *const P as *mut c_void];
-        // SAFETY: the kernel takes exactly one `const __grid_constant__ P`; the driver copies the
-        // struct at launch.
-        cuda("cuLaunchKernel", unsafe { result::launch_kernel(f, (grid, 1, 1), (threads, 1, 1), 0, self.raw, &mut args) })
+        // SAFETY: see the function's contract; the driver copies the struct at launch.
+        cuda("cuLaunchKernel", unsafe {
+            result::launch_kernel(f, (grid, 1, 1), (threads, 1, 1), 0, self.raw, &mut args)
+        })
     }
 
     pub fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<(), EpError> {
         cuda("bind", self.ctx.bind_to_thread())?;
         // SAFETY: the caller passes ranges inside live allocations.
-        cuda("cuMemcpyDtoDAsync", unsafe { result::memcpy_dtod_async(dst, src, bytes, self.raw) })
+        cuda("cuMemcpyDtoDAsync", unsafe {
+            result::memcpy_dtod_async(dst, src, bytes, self.raw)
+        })
+    }
+
+    pub fn begin_capture(&self) -> Result<(), EpError> {
+        cuda("bind", self.ctx.bind_to_thread())?;
+        // SAFETY: the stream belongs to the bound context.
+        cuda("cuStreamBeginCapture", unsafe {
+            result::stream::begin_capture(
+                self.raw,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+            )
+        })
+    }
+
+    /// Ends the capture and instantiates what was recorded.
+    pub fn end_capture(&self) -> Result<Graph, EpError> {
+        cuda("bind", self.ctx.bind_to_thread())?;
+        // SAFETY: the stream is capturing on the bound context; the graph is destroyed once
+        // instantiated.
+        unsafe {
+            let graph = cuda("cuStreamEndCapture", result::stream::end_capture(self.raw))?;
+            let exec = result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0));
+            let _ = result::graph::destroy(graph);
+            Ok(Graph {
+                exec: cuda("cuGraphInstantiate", exec)?,
+                ctx: self.ctx.clone(),
+            })
+        }
+    }
+
+    pub fn launch_graph(&self, graph: &Graph) -> Result<(), EpError> {
+        cuda("bind", self.ctx.bind_to_thread())?;
+        // SAFETY: graph and stream belong to the bound context.
+        cuda("cuGraphLaunch", unsafe {
+            result::graph::launch(graph.exec, self.raw)
+        })
     }
 
     pub fn record(&self, event: &Event) -> Result<(), EpError> {
         cuda("bind", self.ctx.bind_to_thread())?;
         // SAFETY: event and stream belong to the bound context.
-        cuda("cuEventRecord", unsafe { result::event::record(event.raw, self.raw) })
+        cuda("cuEventRecord", unsafe {
+            result::event::record(event.raw, self.raw)
+        })
     }
 }
 
@@ -301,8 +427,14 @@ unsafe impl Sync for Event {}
 impl Event {
     pub fn new(gpu: &Gpu) -> Result<Self, EpError> {
         gpu.bind()?;
-        let raw = cuda("cuEventCreate", result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
-        Ok(Event { raw, ctx: gpu.ctx.clone() })
+        let raw = cuda(
+            "cuEventCreate",
+            result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT),
+        )?;
+        Ok(Event {
+            raw,
+            ctx: gpu.ctx.clone(),
+        })
     }
 
     /// Milliseconds from `self` to `end` (both recorded and complete).
@@ -311,7 +443,10 @@ impl Event {
         // SAFETY: both events belong to the bound context.
         unsafe {
             cuda("cuEventSynchronize", result::event::synchronize(end.raw))?;
-            cuda("cuEventElapsedTime", result::event::elapsed(self.raw, end.raw))
+            cuda(
+                "cuEventElapsedTime",
+                result::event::elapsed(self.raw, end.raw),
+            )
         }
     }
 }
@@ -322,6 +457,26 @@ impl Drop for Event {
             // SAFETY: the event was created on this context.
             unsafe {
                 let _ = result::event::destroy(self.raw);
+            }
+        }
+    }
+}
+
+/// An instantiated CUDA graph.
+pub struct Graph {
+    exec: sys::CUgraphExec,
+    ctx: Arc<CudaContext>,
+}
+
+unsafe impl Send for Graph {}
+unsafe impl Sync for Graph {}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: the executable graph was instantiated on this context.
+            unsafe {
+                let _ = result::graph::exec_destroy(self.exec);
             }
         }
     }

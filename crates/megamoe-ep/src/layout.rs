@@ -50,19 +50,31 @@ impl BufferSpec {
     pub fn validate(&self) -> Result<()> {
         let shape = |arg, reason: String| Err(Error::Shape { arg, reason });
         if self.ranks == 0 || self.ranks > MAX_RANKS {
-            return shape("ranks", format!("{} is outside 1..={MAX_RANKS}", self.ranks));
+            return shape(
+                "ranks",
+                format!("{} is outside 1..={MAX_RANKS}", self.ranks),
+            );
         }
         if self.experts == 0 || self.experts > MAX_EXPERTS || self.experts % self.ranks != 0 {
             return shape(
                 "experts",
-                format!("{} must be in 1..={MAX_EXPERTS} and divisible by {} ranks", self.experts, self.ranks),
+                format!(
+                    "{} must be in 1..={MAX_EXPERTS} and divisible by {} ranks",
+                    self.experts, self.ranks
+                ),
             );
         }
         if self.topk == 0 || self.topk > MAX_TOPK || self.topk > self.experts {
-            return shape("topk", format!("{} is outside 1..={MAX_TOPK} (and ≤ experts)", self.topk));
+            return shape(
+                "topk",
+                format!("{} is outside 1..={MAX_TOPK} (and ≤ experts)", self.topk),
+            );
         }
         if self.hidden == 0 || self.hidden % 128 != 0 {
-            return shape("hidden", format!("{} is not a positive multiple of 128", self.hidden));
+            return shape(
+                "hidden",
+                format!("{} is not a positive multiple of 128", self.hidden),
+            );
         }
         if self.max_pad_multiple == 0 {
             return shape("max_pad_multiple", "must be at least 1".into());
@@ -174,14 +186,26 @@ mod tests {
     use super::*;
 
     fn flash_pair() -> BufferSpec {
-        BufferSpec { ranks: 2, experts: 256, topk: 6, hidden: 4096, max_tokens: 4096, max_pad_multiple: 128 }
+        BufferSpec {
+            ranks: 2,
+            experts: 256,
+            topk: 6,
+            hidden: 4096,
+            max_tokens: 4096,
+            max_pad_multiple: 128,
+        }
     }
 
     #[test]
     fn max_rows_covers_every_token_on_every_reachable_local_expert_plus_padding() {
         let s = flash_pair();
         assert_eq!(s.max_rows(), 2 * 4096 * 6 + 128 * 127);
-        let narrow = BufferSpec { ranks: 8, experts: 16, topk: 4, ..s };
+        let narrow = BufferSpec {
+            ranks: 8,
+            experts: 16,
+            topk: 4,
+            ..s
+        };
         // Only two local experts: a token lands on a rank at most twice.
         assert_eq!(narrow.max_rows(), 8 * 4096 * 2 + 2 * 127);
     }
@@ -190,13 +214,25 @@ mod tests {
     fn regions_are_aligned_disjoint_and_in_order() {
         let l = BufferLayout::new(&flash_pair());
         let offs = [
-            l.epochs, l.signals, l.status, l.counts, l.meta, l.in_rows, l.in_scales, l.out_rows,
-            l.out_scales, l.out_probs, l.comb_rows, l.comb_prob_grads, l.error, l.size,
+            l.epochs,
+            l.signals,
+            l.status,
+            l.counts,
+            l.meta,
+            l.in_rows,
+            l.in_scales,
+            l.out_rows,
+            l.out_scales,
+            l.out_probs,
+            l.comb_rows,
+            l.comb_prob_grads,
+            l.error,
+            l.size,
         ];
         assert!(offs.windows(2).all(|w| w[0] < w[1]));
         assert!(offs.iter().all(|o| o % ALIGN == 0));
         // The two row pools dominate: 2 × 65 408 rows × 8 KiB.
-        assert!(l.size > 2 * 65408 * 8192 && l.size < 2 * 65408 * 8192 + 64 << 20);
+        assert!(l.size > 2 * 65408 * 8192 && l.size < 2 * 65408 * 8192 + (64 << 20));
     }
 
     #[test]
@@ -207,7 +243,13 @@ mod tests {
             (BufferSpec { experts: 255, ..s }, "experts"),
             (BufferSpec { topk: 9, ..s }, "topk"),
             (BufferSpec { hidden: 4000, ..s }, "hidden"),
-            (BufferSpec { max_pad_multiple: 0, ..s }, "max_pad_multiple"),
+            (
+                BufferSpec {
+                    max_pad_multiple: 0,
+                    ..s
+                },
+                "max_pad_multiple",
+            ),
         ] {
             match bad.validate() {
                 Err(Error::Shape { arg: a, .. }) => assert_eq!(a, arg),

@@ -15,4 +15,7 @@ pub mod world;
 pub use error::EpError;
 pub use layout::{BufferLayout, BufferSpec, HandleLayout, RowDtype};
 pub use plan::{pad_to, validate_topk, PermutePlan};
-pub use world::{bytemuck_bf16, Dispatched, EpConfig, EpWorld, Handle, IoRegion, RankPtrs, Rows, SyncMode, DEFAULT_NUM_SMS};
+pub use world::{
+    bytemuck_bf16, Dispatched, EpConfig, EpWorld, Handle, IoRegion, RankPtrs, Rows, SyncMode,
+    DEFAULT_NUM_SMS,
+};

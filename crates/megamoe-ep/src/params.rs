@@ -50,7 +50,7 @@ pub struct DispatchParams {
     pub row_bytes: i32,
     pub scales_per_row: i32,
     pub row_bound: i32,
-    pub cached: i32,
+    pub mode: i32,
     pub _pad0: i32,
     pub _pad1: i32,
 }
@@ -89,6 +89,11 @@ pub struct ErrorRecord {
     pub expected: u64,
 }
 
+/// DispatchParams::mode (kernels/impls/dispatch.cuh).
+pub const DISPATCH_FULL: i32 = 0;
+pub const DISPATCH_CACHED: i32 = 1;
+pub const DISPATCH_UNPERMUTED: i32 = 2;
+
 pub const ERR_OK: u32 = 0;
 pub const ERR_TIMEOUT: u32 = 1;
 pub const ERR_BAD_TOPK: u32 = 2;
@@ -96,8 +101,10 @@ pub const ERR_OVERFLOW: u32 = 3;
 
 // Sizes as the device code computes them (asserted in kernels/params.cuh too).
 const _: () = assert!(std::mem::size_of::<Layout>() == 8 * 8 + 23 * 8 + 8 * 4);
-const _: () = assert!(std::mem::size_of::<DispatchParams>() == std::mem::size_of::<Layout>() + 16 + 32);
-const _: () = assert!(std::mem::size_of::<CombineParams>() == std::mem::size_of::<Layout>() + 16 + 16);
+const _: () =
+    assert!(std::mem::size_of::<DispatchParams>() == std::mem::size_of::<Layout>() + 16 + 32);
+const _: () =
+    assert!(std::mem::size_of::<CombineParams>() == std::mem::size_of::<Layout>() + 16 + 16);
 const _: () = assert!(std::mem::size_of::<ErrorRecord>() == 32);
 const _: () = assert!(std::mem::size_of::<GatherParams>() == 32);
 const _: () = assert!(std::mem::align_of::<DispatchParams>() == 8);

@@ -163,7 +163,9 @@ impl PermutePlan {
 
     /// Tokens of every source routed to expert e (before padding).
     pub fn expert_rows(&self, e: usize) -> u32 {
-        (0..self.ranks).map(|s| self.counts[s * self.experts + e]).sum()
+        (0..self.ranks)
+            .map(|s| self.counts[s * self.experts + e])
+            .sum()
     }
 
     /// First row of expert e's segment on its owner.
@@ -178,7 +180,8 @@ impl PermutePlan {
             return None;
         }
         let e = e as usize;
-        let row = self.src_base[s * self.experts + e] as usize + self.pos[s][t * self.topk + k] as usize;
+        let row =
+            self.src_base[s * self.experts + e] as usize + self.pos[s][t * self.topk + k] as usize;
         Some((e / self.local_experts(), row))
     }
 
@@ -231,7 +234,8 @@ mod tests {
         ];
         for pad in [1, 3, 16] {
             let p = plan(&idx, 8, 2, pad);
-            let mut used: Vec<Vec<bool>> = p.rows_per_rank.iter().map(|&n| vec![false; n]).collect();
+            let mut used: Vec<Vec<bool>> =
+                p.rows_per_rank.iter().map(|&n| vec![false; n]).collect();
             for (s, v) in idx.iter().enumerate() {
                 for t in 0..v.len() / 2 {
                     for k in 0..2 {
@@ -254,11 +258,26 @@ mod tests {
     #[test]
     fn out_of_range_and_duplicate_experts_are_rejected_naming_the_argument() {
         let err = validate_topk("topk_idx", &[0, 8], 1, 2, 8).unwrap_err();
-        assert!(matches!(err, Error::ExpertOutOfRange { arg: "topk_idx", row: 0, slot: 1, .. }));
+        assert!(matches!(
+            err,
+            Error::ExpertOutOfRange {
+                arg: "topk_idx",
+                row: 0,
+                slot: 1,
+                ..
+            }
+        ));
         let err = validate_topk("topk_idx", &[0, -2], 1, 2, 8).unwrap_err();
         assert!(matches!(err, Error::ExpertOutOfRange { slot: 1, .. }));
         let err = validate_topk("topk_idx", &[1, 2, 3, 3], 2, 2, 8).unwrap_err();
-        assert!(matches!(err, Error::DuplicateExpert { row: 1, expert: 3, .. }));
+        assert!(matches!(
+            err,
+            Error::DuplicateExpert {
+                row: 1,
+                expert: 3,
+                ..
+            }
+        ));
         validate_topk("topk_idx", &[-1, -1], 1, 2, 8).unwrap();
     }
 }

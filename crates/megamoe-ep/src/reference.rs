@@ -47,9 +47,8 @@ pub fn dispatch(
                 let o = &mut out[d];
                 o.rows[row * row_bytes..(row + 1) * row_bytes]
                     .copy_from_slice(&input.rows[t * row_bytes..(t + 1) * row_bytes]);
-                o.scales[row * scales_per_row..(row + 1) * scales_per_row].copy_from_slice(
-                    &input.scales[t * scales_per_row..(t + 1) * scales_per_row],
-                );
+                o.scales[row * scales_per_row..(row + 1) * scales_per_row]
+                    .copy_from_slice(&input.scales[t * scales_per_row..(t + 1) * scales_per_row]);
                 o.probs[row] = input.probs[t * plan.topk + k];
             }
         }
@@ -77,7 +76,10 @@ pub fn combine(
                 acc.fill(0.0);
                 for k in slots {
                     let (d, row) = plan.dest(s, topk_idx[s], t, k).expect("valid slot");
-                    for (a, v) in acc.iter_mut().zip(&rows[d][row * hidden..(row + 1) * hidden]) {
+                    for (a, v) in acc
+                        .iter_mut()
+                        .zip(&rows[d][row * hidden..(row + 1) * hidden])
+                    {
                         *a += v.to_f32();
                     }
                 }
@@ -100,10 +102,12 @@ pub fn scatter_prob_grads(
     (0..plan.ranks)
         .map(|s| {
             (0..plan.tokens[s] * plan.topk)
-                .map(|i| match plan.dest(s, topk_idx[s], i / plan.topk, i % plan.topk) {
-                    Some((d, row)) => row_grads[d][row],
-                    None => 0.0,
-                })
+                .map(
+                    |i| match plan.dest(s, topk_idx[s], i / plan.topk, i % plan.topk) {
+                        Some((d, row)) => row_grads[d][row],
+                        None => 0.0,
+                    },
+                )
                 .collect()
         })
         .collect()
@@ -120,7 +124,11 @@ mod tests {
         let plan = PermutePlan::build(&refs, &[2, 2], 4, 2, 4).unwrap();
         let hidden = 2;
         let x: Vec<Vec<bf16>> = (0..2)
-            .map(|s| (0..4).map(|i| bf16::from_f32((s * 4 + i) as f32 + 0.5)).collect())
+            .map(|s| {
+                (0..4)
+                    .map(|i| bf16::from_f32((s * 4 + i) as f32 + 0.5))
+                    .collect()
+            })
             .collect();
         let bytes: Vec<Vec<u8>> = x
             .iter()
@@ -128,7 +136,12 @@ mod tests {
             .collect();
         let probs = vec![1.0f32; 4];
         let src: Vec<SourceRows> = (0..2)
-            .map(|s| SourceRows { topk_idx: &idx[s], rows: &bytes[s], scales: &[], probs: &probs })
+            .map(|s| SourceRows {
+                topk_idx: &idx[s],
+                rows: &bytes[s],
+                scales: &[],
+                probs: &probs,
+            })
             .collect();
         let out = dispatch(&plan, hidden * 2, 0, &src);
         let rows: Vec<Vec<bf16>> = out

@@ -15,7 +15,12 @@ pub enum Routing {
 }
 
 impl Routing {
-    pub const ALL: [Routing; 4] = [Routing::Uniform, Routing::Zipf, Routing::Masked, Routing::Uneven];
+    pub const ALL: [Routing; 4] = [
+        Routing::Uniform,
+        Routing::Zipf,
+        Routing::Masked,
+        Routing::Uneven,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -63,7 +68,13 @@ pub fn tokens_per_rank(routing: Routing, ranks: usize, tokens: usize, seed: u64)
 }
 
 /// `[tokens, topk]` expert ids for one rank: distinct per token, −1 for masked slots.
-pub fn topk_idx(routing: Routing, tokens: usize, experts: usize, topk: usize, seed: u64) -> Vec<i32> {
+pub fn topk_idx(
+    routing: Routing,
+    tokens: usize,
+    experts: usize,
+    topk: usize,
+    seed: u64,
+) -> Vec<i32> {
     let mut rng = Rng::new(seed);
     let weights: Vec<f64> = match routing {
         Routing::Zipf => {
@@ -83,8 +94,9 @@ pub fn topk_idx(routing: Routing, tokens: usize, experts: usize, topk: usize, se
     let mut out = Vec::with_capacity(tokens * topk);
     for _ in 0..tokens {
         // Weighted sampling without replacement: the k smallest of -ln(u)/w.
-        let mut keys: Vec<(f64, usize)> =
-            (0..experts).map(|e| (-(rng.unit().max(1e-300)).ln() / weights[e], e)).collect();
+        let mut keys: Vec<(f64, usize)> = (0..experts)
+            .map(|e| (-(rng.unit().max(1e-300)).ln() / weights[e], e))
+            .collect();
         keys.select_nth_unstable_by(topk - 1, |a, b| a.0.total_cmp(&b.0));
         let all_masked = routing == Routing::Masked && rng.below(16) == 0;
         for &(_, e) in &keys[..topk] {

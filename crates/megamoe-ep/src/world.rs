@@ -6,7 +6,7 @@ use std::time::Duration;
 use megamoe_core::Error;
 
 use crate::error::EpError;
-use crate::gpu::{compile, gpu_count, Cubin, DevBuf, Gpu, Stream};
+use crate::gpu::{compile, gpu_count, Cubin, DevBuf, Gpu, Graph, Stream};
 use crate::layout::{BufferLayout, BufferSpec, HandleLayout, RowDtype, MAX_RANKS};
 use crate::params::{self, CombineParams, DispatchParams, ErrorRecord, Layout};
 use crate::plan::validate_topk;
@@ -40,7 +40,13 @@ pub const DEFAULT_NUM_SMS: usize = 24;
 
 impl EpConfig {
     pub fn new(spec: BufferSpec, dtype: RowDtype) -> Self {
-        EpConfig { spec, dtype, num_sms: DEFAULT_NUM_SMS, deadline: Duration::from_secs(5), gpus: None }
+        EpConfig {
+            spec,
+            dtype,
+            num_sms: DEFAULT_NUM_SMS,
+            deadline: Duration::from_secs(5),
+            gpus: None,
+        }
     }
 }
 
@@ -81,6 +87,11 @@ pub struct Handle {
     ready: bool,
 }
 
+/// One captured graph per rank.
+pub struct WorldGraph {
+    graphs: Vec<Graph>,
+}
+
 /// What a blocking dispatch reports per rank.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Dispatched {
@@ -108,7 +119,10 @@ impl EpWorld {
         let spec = config.spec;
         spec.validate().map_err(|e| EpError::input(0, e))?;
         if config.num_sms == 0 {
-            return Err(EpError::input(0, value("num_sms", "0", "must be at least 1")));
+            return Err(EpError::input(
+                0,
+                value("num_sms", "0", "must be at least 1"),
+            ));
         }
         let visible = gpu_count()?;
         if visible == 0 {
@@ -116,7 +130,9 @@ impl EpWorld {
         }
         let ngpu = config.gpus.unwrap_or(visible).min(visible).min(spec.ranks);
         let cubin: &Cubin = compile()?;
-        let gpus = (0..ngpu).map(|g| Gpu::new(g, cubin)).collect::<Result<Vec<_>, _>>()?;
+        let gpus = (0..ngpu)
+            .map(|g| Gpu::new(g, cubin))
+            .collect::<Result<Vec<_>, _>>()?;
         for a in &gpus {
             for b in &gpus {
                 if a.ordinal != b.ordinal {
@@ -129,7 +145,10 @@ impl EpWorld {
         let (t, k, h) = (spec.max_tokens, spec.topk, spec.hidden);
         let mut io_offsets = [0usize; 4];
         let mut io_bytes = 0;
-        for (i, bytes) in [t * k * 4, t * k * 4, t * h * 2, t * k * 4].into_iter().enumerate() {
+        for (i, bytes) in [t * k * 4, t * k * 4, t * h * 2, t * k * 4]
+            .into_iter()
+            .enumerate()
+        {
             io_offsets[i] = io_bytes;
             io_bytes += bytes.div_ceil(256) * 256;
         }
@@ -140,9 +159,22 @@ impl EpWorld {
             buf.fill(0, layout.sync_bytes(), 0)?;
             buf.fill(layout.error, 32, 0)?;
             let io = DevBuf::new(gpu, io_bytes)?;
-            ranks.push(Rank { gpu: r % ngpu, stream: Stream::new(gpu)?, buf, io });
+            ranks.push(Rank {
+                gpu: r % ngpu,
+                stream: Stream::new(gpu)?,
+                buf,
+                io,
+            });
         }
-        Ok(EpWorld { config, layout, hlayout, io_offsets, gpus, ranks, compile_log: cubin.log.clone() })
+        Ok(EpWorld {
+            config,
+            layout,
+            hlayout,
+            io_offsets,
+            gpus,
+            ranks,
+            compile_log: cubin.log.clone(),
+        })
     }
 
     pub fn ranks(&self) -> usize {
@@ -190,16 +222,33 @@ impl EpWorld {
     }
 
     /// Uploads one rank's dispatch inputs from the host (rows checked against the buffer's dtype).
-    pub fn upload_inputs(&self, rank: usize, tokens: usize, rows: Rows, topk_idx: &[i32], probs: &[f32]) -> Result<(), EpError> {
+    pub fn upload_inputs(
+        &self,
+        rank: usize,
+        tokens: usize,
+        rows: Rows,
+        topk_idx: &[i32],
+        probs: &[f32],
+    ) -> Result<(), EpError> {
         let s = &self.config.spec;
         let bad = |e| Err(EpError::input(rank, e));
         if tokens > s.max_tokens {
-            return bad(Error::Capacity { arg: "tokens", got: tokens, capacity: s.max_tokens });
+            return bad(Error::Capacity {
+                arg: "tokens",
+                got: tokens,
+                capacity: s.max_tokens,
+            });
         }
         let (bytes, scales): (&[u8], &[f32]) = match (rows, self.config.dtype) {
             (Rows::Bf16(x), RowDtype::Bf16) => (bytemuck_bf16(x), &[]),
             (Rows::Fp8 { data, scales }, RowDtype::Fp8) => (data, scales),
-            (given, want) => return bad(value("x", given.dtype_name(), &format!("this buffer carries {want:?} rows"))),
+            (given, want) => {
+                return bad(value(
+                    "x",
+                    given.dtype_name(),
+                    &format!("this buffer carries {want:?} rows"),
+                ))
+            }
         };
         let row_bytes = self.config.dtype.row_bytes(s.hidden);
         let spr = self.config.dtype.scales_per_row(s.hidden);
@@ -225,7 +274,11 @@ impl EpWorld {
         let blocks = (0..self.ranks())
             .map(|r| DevBuf::new(self.gpu_of(r), self.hlayout.size))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Handle { blocks, tokens: vec![0; self.ranks()], ready: false })
+        Ok(Handle {
+            blocks,
+            tokens: vec![0; self.ranks()],
+            ready: false,
+        })
     }
 
     fn kernel_layout(&self, rank: usize, handle: &Handle) -> Layout {
@@ -278,7 +331,11 @@ impl EpWorld {
             SyncMode::NonBlocking { row_bound } if row_bound <= max => Ok(row_bound),
             SyncMode::NonBlocking { row_bound } => Err(EpError::input(
                 0,
-                value("row_bound", &row_bound.to_string(), &format!("exceeds the buffer's {max} rows")),
+                value(
+                    "row_bound",
+                    &row_bound.to_string(),
+                    &format!("exceeds the buffer's {max} rows"),
+                ),
             )),
         }
     }
@@ -298,26 +355,25 @@ impl EpWorld {
         if pad_multiple == 0 || pad_multiple > s.max_pad_multiple {
             return Err(EpError::input(
                 0,
-                value("pad_multiple", &pad_multiple.to_string(), &format!("must be in 1..={}", s.max_pad_multiple)),
+                value(
+                    "pad_multiple",
+                    &pad_multiple.to_string(),
+                    &format!("must be in 1..={}", s.max_pad_multiple),
+                ),
             ));
         }
         let row_bound = self.row_bound(mode)?;
         let dtype = self.config.dtype;
-        for r in 0..self.ranks() {
-            let p = DispatchParams {
-                l: self.kernel_layout(r, handle),
-                topk_idx: self.ptrs(r).topk_idx,
-                probs: self.ptrs(r).probs,
-                tokens: tokens[r] as i32,
-                pad_multiple: pad_multiple as i32,
-                row_bytes: dtype.row_bytes(s.hidden) as i32,
-                scales_per_row: dtype.scales_per_row(s.hidden) as i32,
-                row_bound: row_bound as i32,
-                cached: 0,
-                ..Default::default()
-            };
-            self.ranks[r].stream.launch(self.gpu_of(r).dispatch, self.grid(), THREADS, &p)?;
-        }
+        let (row_bytes, spr) = (dtype.row_bytes(s.hidden), dtype.scales_per_row(s.hidden));
+        self.launch_dispatch(
+            tokens,
+            pad_multiple,
+            row_bytes,
+            spr,
+            row_bound,
+            params::DISPATCH_FULL,
+            handle,
+        )?;
         handle.tokens = tokens.to_vec();
         handle.ready = true;
         if mode != SyncMode::Blocking {
@@ -344,7 +400,12 @@ impl EpWorld {
     /// ascending global expert id, of token t's rows in `comb_rows` on their owners. With
     /// `prob_grads` (dispatch's backward) each slot's `comb_prob_grads` entry is read back into
     /// `grad_probs` `[T, K]`.
-    pub fn combine_with_unpermute(&self, handle: &Handle, prob_grads: bool, mode: SyncMode) -> Result<(), EpError> {
+    pub fn combine_with_unpermute(
+        &self,
+        handle: &Handle,
+        prob_grads: bool,
+        mode: SyncMode,
+    ) -> Result<(), EpError> {
         self.check_handle(handle)?;
         for r in 0..self.ranks() {
             let p = CombineParams {
@@ -354,7 +415,12 @@ impl EpWorld {
                 with_prob_grads: prob_grads as i32,
                 ..Default::default()
             };
-            self.ranks[r].stream.launch(self.gpu_of(r).combine, self.grid(), THREADS, &p)?;
+            // SAFETY: the kernel takes exactly this parameter struct; its addresses are live buffers.
+            unsafe {
+                self.ranks[r]
+                    .stream
+                    .launch(self.gpu_of(r).combine, self.grid(), THREADS, &p)
+            }?;
         }
         if mode == SyncMode::Blocking {
             self.sync()?;
@@ -373,21 +439,127 @@ impl EpWorld {
     pub fn combine_backward(&self, handle: &Handle, mode: SyncMode) -> Result<(), EpError> {
         self.check_handle(handle)?;
         let s = &self.config.spec;
-        for r in 0..self.ranks() {
-            let p = DispatchParams {
-                l: self.kernel_layout(r, handle),
-                tokens: handle.tokens[r] as i32,
-                pad_multiple: 1,
-                row_bytes: RowDtype::Bf16.row_bytes(s.hidden) as i32,
-                scales_per_row: 0,
-                row_bound: s.max_rows() as i32,
-                cached: 1,
-                ..Default::default()
-            };
-            self.ranks[r].stream.launch(self.gpu_of(r).dispatch, self.grid(), THREADS, &p)?;
-        }
+        let tokens = handle.tokens.clone();
+        self.launch_dispatch(
+            &tokens,
+            1,
+            s.hidden * 2,
+            0,
+            s.max_rows(),
+            params::DISPATCH_CACHED,
+            handle,
+        )?;
         if mode == SyncMode::Blocking {
             self.sync()?;
+        }
+        Ok(())
+    }
+
+    /// The benchmark's "dispatch alone": the same exchange without the permute (one row per
+    /// (source, token) with any local expert, at row `source · T_max + token`, no padding).
+    pub fn dispatch_without_permute(
+        &self,
+        tokens: &[usize],
+        handle: &Handle,
+    ) -> Result<(), EpError> {
+        self.check_tokens(tokens)?;
+        let s = &self.config.spec;
+        let dtype = self.config.dtype;
+        let (row_bytes, spr) = (dtype.row_bytes(s.hidden), dtype.scales_per_row(s.hidden));
+        self.launch_dispatch(
+            tokens,
+            1,
+            row_bytes,
+            spr,
+            s.max_rows(),
+            params::DISPATCH_UNPERMUTED,
+            handle,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn launch_dispatch(
+        &self,
+        tokens: &[usize],
+        pad_multiple: usize,
+        row_bytes: usize,
+        scales_per_row: usize,
+        row_bound: usize,
+        mode: i32,
+        handle: &Handle,
+    ) -> Result<(), EpError> {
+        self.launch_dispatch_on(
+            0..self.ranks(),
+            tokens,
+            pad_multiple,
+            row_bytes,
+            scales_per_row,
+            row_bound,
+            mode,
+            handle,
+        )
+    }
+
+    /// Launches the dispatch kernel on some ranks only (the deadline check leaves one out).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn launch_dispatch_on(
+        &self,
+        ranks: std::ops::Range<usize>,
+        tokens: &[usize],
+        pad_multiple: usize,
+        row_bytes: usize,
+        scales_per_row: usize,
+        row_bound: usize,
+        mode: i32,
+        handle: &Handle,
+    ) -> Result<(), EpError> {
+        for r in ranks {
+            let p = DispatchParams {
+                l: self.kernel_layout(r, handle),
+                topk_idx: self.ptrs(r).topk_idx,
+                probs: self.ptrs(r).probs,
+                tokens: tokens[r] as i32,
+                pad_multiple: pad_multiple as i32,
+                row_bytes: row_bytes as i32,
+                scales_per_row: scales_per_row as i32,
+                row_bound: row_bound as i32,
+                mode,
+                ..Default::default()
+            };
+            // SAFETY: the kernel takes exactly this parameter struct; its addresses are live buffers.
+            unsafe {
+                self.ranks[r]
+                    .stream
+                    .launch(self.gpu_of(r).dispatch, self.grid(), THREADS, &p)
+            }?;
+        }
+        Ok(())
+    }
+
+    /// Records what `calls` launches on every rank's stream into one CUDA graph per rank
+    /// (the calls must be non-blocking); replaying it repeats the calls on whatever inputs the
+    /// buffers then hold.
+    pub fn capture(
+        &self,
+        calls: impl FnOnce(&EpWorld) -> Result<(), EpError>,
+    ) -> Result<WorldGraph, EpError> {
+        for r in &self.ranks {
+            r.stream.begin_capture()?;
+        }
+        let result = calls(self);
+        let graphs = self
+            .ranks
+            .iter()
+            .map(|r| r.stream.end_capture())
+            .collect::<Result<Vec<_>, _>>()?;
+        result?;
+        Ok(WorldGraph { graphs })
+    }
+
+    /// Launches a captured graph on every rank's stream (non-blocking; errors at [`Self::sync`]).
+    pub fn replay(&self, graph: &WorldGraph) -> Result<(), EpError> {
+        for (r, g) in self.ranks.iter().zip(&graph.graphs) {
+            r.stream.launch_graph(g)?;
         }
         Ok(())
     }
@@ -398,11 +570,25 @@ impl EpWorld {
 
     fn check_tokens(&self, tokens: &[usize]) -> Result<(), EpError> {
         if tokens.len() != self.ranks() {
-            return Err(EpError::input(0, Error::Length { arg: "tokens", got: tokens.len(), expected: self.ranks() }));
+            return Err(EpError::input(
+                0,
+                Error::Length {
+                    arg: "tokens",
+                    got: tokens.len(),
+                    expected: self.ranks(),
+                },
+            ));
         }
         for (r, &t) in tokens.iter().enumerate() {
             if t > self.config.spec.max_tokens {
-                return Err(EpError::input(r, Error::Capacity { arg: "tokens", got: t, capacity: self.config.spec.max_tokens }));
+                return Err(EpError::input(
+                    r,
+                    Error::Capacity {
+                        arg: "tokens",
+                        got: t,
+                        capacity: self.config.spec.max_tokens,
+                    },
+                ));
             }
         }
         Ok(())
@@ -410,7 +596,10 @@ impl EpWorld {
 
     fn check_handle(&self, handle: &Handle) -> Result<(), EpError> {
         if !handle.ready || handle.blocks.len() != self.ranks() {
-            return Err(EpError::input(0, value("handle", "unfilled", "comes from a dispatch of this world")));
+            return Err(EpError::input(
+                0,
+                value("handle", "unfilled", "comes from a dispatch of this world"),
+            ));
         }
         Ok(())
     }
@@ -442,25 +631,42 @@ impl EpWorld {
         Ok(match rec.code {
             params::ERR_TIMEOUT => EpError::Timeout {
                 rank,
-                wait: ["dispatch ready", "dispatch done", "combine ready", "combine done"]
-                    .get(rec.what as usize)
-                    .copied()
-                    .unwrap_or("unknown"),
+                wait: [
+                    "dispatch ready",
+                    "dispatch done",
+                    "combine ready",
+                    "combine done",
+                ]
+                .get(rec.what as usize)
+                .copied()
+                .unwrap_or("unknown"),
                 peer: rec.peer as usize,
                 seen: rec.seen,
                 expected: rec.expected,
             },
-            params::ERR_OVERFLOW => EpError::Overflow { rank, needed: rec.seen, bound: rec.expected },
+            params::ERR_OVERFLOW => EpError::Overflow {
+                rank,
+                needed: rec.seen,
+                bound: rec.expected,
+            },
             params::ERR_BAD_TOPK => {
                 // The device names the first bad slot of rank `peer`; re-check that token's row
                 // here to report it exactly as the host check would.
                 let src = rec.peer as usize;
                 let t = (rec.what >> 1) as usize / s.topk;
-                let row: Vec<i32> = self.ranks[src].io.download(self.io_offsets[0] + t * s.topk * 4, s.topk)?;
+                let row: Vec<i32> = self.ranks[src]
+                    .io
+                    .download(self.io_offsets[0] + t * s.topk * 4, s.topk)?;
                 let err = validate_topk("topk_idx", &row, 1, s.topk, s.experts)
                     .err()
                     .map(|e| with_row(e, t))
-                    .unwrap_or_else(|| value("topk_idx", &format!("row {t}"), "was rejected on the device"));
+                    .unwrap_or_else(|| {
+                        value(
+                            "topk_idx",
+                            &format!("row {t}"),
+                            "was rejected on the device",
+                        )
+                    });
                 EpError::input(src, err)
             }
             other => EpError::Cuda(format!("rank {rank}: unknown device error code {other}")),
@@ -500,13 +706,41 @@ pub enum IoRegion {
 }
 
 fn value(arg: &'static str, value: &str, reason: &str) -> Error {
-    Error::Value { arg, value: value.into(), reason: reason.into() }
+    Error::Value {
+        arg,
+        value: value.into(),
+        reason: reason.into(),
+    }
 }
 
 fn with_row(e: Error, row: usize) -> Error {
     match e {
-        Error::ExpertOutOfRange { arg, slot, value, experts, .. } => Error::ExpertOutOfRange { arg, row, slot, value, experts },
-        Error::DuplicateExpert { arg, expert, first, second, .. } => Error::DuplicateExpert { arg, row, expert, first, second },
+        Error::ExpertOutOfRange {
+            arg,
+            slot,
+            value,
+            experts,
+            ..
+        } => Error::ExpertOutOfRange {
+            arg,
+            row,
+            slot,
+            value,
+            experts,
+        },
+        Error::DuplicateExpert {
+            arg,
+            expert,
+            first,
+            second,
+            ..
+        } => Error::DuplicateExpert {
+            arg,
+            row,
+            expert,
+            first,
+            second,
+        },
         other => other,
     }
 }

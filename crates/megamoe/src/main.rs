@@ -29,7 +29,9 @@ enum Bench {
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Bench { what: Bench::Dispatch(args) } => cmd::bench_dispatch::run(args),
+        Command::Bench {
+            what: Bench::Dispatch(args),
+        } => cmd::bench_dispatch::run(args),
         Command::Selftest(args) => cmd::selftest::run(args),
     };
     if let Err(e) = result {

@@ -18,6 +18,13 @@
 
 namespace ep {
 
+// DispatchParams::mode
+enum DispatchMode : int {
+    kFull = 0,        // dispatch_with_permute
+    kCached = 1,      // combine's backward: rows along a previous dispatch's handle
+    kUnpermuted = 2,  // the benchmark's "dispatch alone": one row per (source, token), no permute
+};
+
 constexpr int kTileTokens = 512;
 constexpr int kRowUnroll = 8;  // 16-byte vectors per lane in flight per row chunk
 
@@ -28,6 +35,8 @@ struct DispatchShared {
     int seg_base[kMaxExperts];   // [E_l] local segment starts
     int count[kMaxExperts];      // [E_l] local unpadded rows
     int padded[kMaxExperts];     // [E_l]
+    int pad_start[kMaxExperts];  // [E_l] exclusive prefix of padding rows
+    int pad_total;
     int tokens[kMaxRanks];       // T of every source rank
     int ok;
     int skip;
@@ -191,19 +200,40 @@ __device__ __forceinline__ void record_handle(const DispatchParams& p, DispatchS
 }
 
 // Step 4, padding: rows past each local expert's tokens are zero, with prob 0 and scales 0.
-__device__ void zero_padding(const DispatchParams& p, const int* seg_base, const int* count, const int* padded) {
+// Warp per padding row over the whole grid (warp 0 of each block first numbers them).
+__device__ void zero_padding(const DispatchParams& p, DispatchShared& s) {
     const Layout& l = p.l;
     const int El = l.experts / l.ranks, lane = threadIdx.x & 31;
+    if (threadIdx.x < 32) {
+        int carry = 0;
+        for (int j0 = 0; j0 < El; j0 += 32) {
+            const int j = j0 + lane;
+            const int n = j < El ? s.padded[j] - s.count[j] : 0;
+            int incl = n;
+            for (int o = 1; o < 32; o <<= 1) {
+                const int v = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += v;
+            }
+            if (j < El) s.pad_start[j] = carry + incl - n;
+            carry += __shfl_sync(0xffffffffu, incl, 31);
+        }
+        if (lane == 0) s.pad_total = carry;
+    }
+    __syncthreads();
     const int V = p.row_bytes / 16;
     char* me = comm::buf(l, l.rank);
-    for (int j = blockIdx.x * kWarps + (threadIdx.x >> 5); j < El; j += gridDim.x * kWarps) {
-        for (int row = seg_base[j] + count[j]; row < seg_base[j] + padded[j]; ++row) {
-            char* dst = me + l.off_out_rows + size_t(row) * p.row_bytes;
-            for (int v = lane; v < V; v += 32) ptx::st_v4(dst + v * 16, make_uint4(0, 0, 0, 0));
-            float* sc = reinterpret_cast<float*>(me + l.off_out_scales) + size_t(row) * p.scales_per_row;
-            for (int c = lane; c < p.scales_per_row; c += 32) sc[c] = 0.f;
-            if (lane == 0 && !p.cached) reinterpret_cast<float*>(me + l.off_out_probs)[row] = 0.f;
+    for (int i = blockIdx.x * kWarps + (threadIdx.x >> 5); i < s.pad_total; i += gridDim.x * kWarps) {
+        int lo = 0, hi = El - 1;  // last expert whose padding starts at or before i
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) >> 1;
+            if (s.pad_start[mid] <= i) lo = mid; else hi = mid - 1;
         }
+        const int row = s.seg_base[lo] + s.count[lo] + (i - s.pad_start[lo]);
+        char* dst = me + l.off_out_rows + size_t(row) * p.row_bytes;
+        for (int v = lane; v < V; v += 32) ptx::st_v4(dst + v * 16, make_uint4(0, 0, 0, 0));
+        float* sc = reinterpret_cast<float*>(me + l.off_out_scales) + size_t(row) * p.scales_per_row;
+        for (int c = lane; c < p.scales_per_row; c += 32) sc[c] = 0.f;
+        if (lane == 0 && p.mode == kFull) reinterpret_cast<float*>(me + l.off_out_probs)[row] = 0.f;
     }
 }
 
@@ -220,24 +250,44 @@ __device__ void pull_rows(const DispatchParams& p, const DispatchShared& s) {
     char* out = comm::buf(l, me);
     int* recv_slot = handle_i32(l, l.h_recv_slot);
 
-    for (int task = blockIdx.x * kWarps + (threadIdx.x >> 5); task < total; task += gridDim.x * kWarps) {
-        int src = 0, t = task;
+    // Meta of the next task is loaded while the current row moves (it is remote in full mode).
+    auto locate = [&](int task, int& src, int& t) {
+        src = 0;
+        t = task;
         while (t >= src_tokens[src]) t -= src_tokens[src++];
+    };
+    auto load_meta = [&](int task) {
+        int m = 0;
+        if (p.mode != kCached && task < total && lane < 3 * K) {
+            int src, t;
+            locate(task, src, t);
+            m = meta_of(l, src)[size_t(t) * 3 * K + lane];
+        }
+        return m;
+    };
+    const int stride = gridDim.x * kWarps;
+    int next = load_meta(blockIdx.x * kWarps + (threadIdx.x >> 5));
+    for (int task = blockIdx.x * kWarps + (threadIdx.x >> 5); task < total; task += stride) {
+        const int m = next;
+        next = load_meta(task + stride);
+        int src, t;
+        locate(task, src, t);
         int* slot = recv_slot + (size_t(src) * l.max_tokens + t) * K;
+        const int e = __shfl_sync(0xffffffffu, m, lane) - me * El;
+        const int pos = __shfl_sync(0xffffffffu, m, (K + lane) & 31);
+        const float prob = __int_as_float(__shfl_sync(0xffffffffu, m, (2 * K + lane) & 31));
         int row = -1;
-        float prob = 0.f;
-        if (p.cached) {
-            if (lane < K) row = slot[lane];
-        } else {
-            const int* meta = meta_of(l, src) + size_t(t) * 3 * K;
-            if (lane < K) {
-                const int e = meta[lane] - me * El;
-                if (e >= 0 && e < El) {
-                    row = s.recv_base[src * El + e] + meta[K + lane];
-                    prob = __int_as_float(meta[2 * K + lane]);
-                }
-                slot[lane] = row;
+        if (lane < K) {
+            if (p.mode == kCached) {
+                row = slot[lane];
+            } else if (e >= 0 && e < El) {
+                row = p.mode == kFull ? s.recv_base[src * El + e] + pos : src * l.max_tokens + t;
             }
+            if (p.mode == kFull) slot[lane] = row;
+        }
+        if (p.mode == kUnpermuted) {  // one destination per (source, token)
+            const u32 any = __ballot_sync(0xffffffffu, row >= 0);
+            row = (lane == 0 && any) ? src * l.max_tokens + t : -1;
         }
         int drow[kMaxTopk];
         bool any = false;
@@ -277,34 +327,36 @@ __device__ void pull_rows(const DispatchParams& p, const DispatchShared& s) {
                     if (drow[k] >= 0) sout[size_t(drow[k]) * S + c] = sc;
             }
         }
-        if (!p.cached && row >= 0) reinterpret_cast<float*>(out + l.off_out_probs)[row] = prob;
+        if (p.mode == kFull && row >= 0) reinterpret_cast<float*>(out + l.off_out_probs)[row] = prob;
     }
 }
 
 __device__ void dispatch_kernel(const DispatchParams& p) {
     __shared__ DispatchShared s;
     const Layout& l = p.l;
+    const bool fresh = p.mode != kCached;  // routing comes with the call, not from a handle
     const u64 epoch = comm::read_epoch(l, kDispatchFamily, &s.epoch);
-    if (!p.cached) dispatch_meta(p, s, epoch);
+    if (fresh) dispatch_meta(p, s, epoch);
     comm::raise_on_all(l, kDispatchReady);
     if (!comm::wait_all(l, kDispatchReady, epoch, &s.ok)) return;
-    if (!p.cached) {
+    if (fresh) {
         dispatch_layout(p, s, epoch);
         if (!s.skip) record_handle(p, s);
     } else {
+        const int El = l.experts / l.ranks;
+        for (int j = threadIdx.x; j < El; j += blockDim.x) {
+            s.seg_base[j] = handle_i32(l, l.h_seg_base)[j];
+            s.count[j] = handle_i32(l, l.h_counts)[j];
+            s.padded[j] = handle_i32(l, l.h_padded)[j];
+        }
         if (threadIdx.x == 0) s.skip = 0;
-        __syncthreads();
     }
     if (threadIdx.x < l.ranks)
-        s.tokens[threadIdx.x] = p.cached ? handle_i32(l, l.h_src_tokens)[threadIdx.x]
-                                         : count_rows(l)[threadIdx.x * (kMaxExperts + 1) + kMaxExperts];
+        s.tokens[threadIdx.x] = fresh ? count_rows(l)[threadIdx.x * (kMaxExperts + 1) + kMaxExperts]
+                                      : handle_i32(l, l.h_src_tokens)[threadIdx.x];
     __syncthreads();
     if (!s.skip) {
-        if (p.cached) {
-            zero_padding(p, handle_i32(l, l.h_seg_base), handle_i32(l, l.h_counts), handle_i32(l, l.h_padded));
-        } else {
-            zero_padding(p, s.seg_base, s.count, s.padded);
-        }
+        if (p.mode != kUnpermuted) zero_padding(p, s);
         pull_rows(p, s);
     }
     // Every block tells every source it is done reading from it; the last wait keeps this

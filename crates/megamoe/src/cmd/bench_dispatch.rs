@@ -3,10 +3,10 @@
 //! interleaved A B / B A / A B in one process; per call the slowest rank counts).
 
 use megamoe_core::Preset;
+use megamoe_ep::baseline::NcclBaseline;
 use megamoe_ep::layout::{BufferSpec, RowDtype};
 use megamoe_ep::plan::PermutePlan;
 use megamoe_ep::routing::{tokens_per_rank, topk_idx, Routing};
-use megamoe_ep::baseline::NcclBaseline;
 use megamoe_ep::{gpu::Event, EpConfig, EpWorld, Handle, SyncMode};
 
 #[derive(clap::Args, Clone, Debug)]
@@ -57,7 +57,12 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let routing = Routing::ALL
         .into_iter()
         .find(|r| r.name() == args.routing)
-        .ok_or_else(|| format!("--routing {}: expected uniform, zipf, masked or uneven", args.routing))?;
+        .ok_or_else(|| {
+            format!(
+                "--routing {}: expected uniform, zipf, masked or uneven",
+                args.routing
+            )
+        })?;
     let spec = BufferSpec {
         ranks: args.ranks,
         experts: shape.experts,
@@ -74,9 +79,25 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     );
 
     let tokens = tokens_per_rank(routing, args.ranks, args.tokens, 1);
-    let idx: Vec<Vec<i32>> = (0..args.ranks).map(|r| topk_idx(routing, tokens[r], shape.experts, shape.topk, 100 + r as u64)).collect();
+    let idx: Vec<Vec<i32>> = (0..args.ranks)
+        .map(|r| {
+            topk_idx(
+                routing,
+                tokens[r],
+                shape.experts,
+                shape.topk,
+                100 + r as u64,
+            )
+        })
+        .collect();
     let idx_refs: Vec<&[i32]> = idx.iter().map(|v| v.as_slice()).collect();
-    let plan = PermutePlan::build(&idx_refs, &tokens, shape.experts, shape.topk, args.pad_multiple)?;
+    let plan = PermutePlan::build(
+        &idx_refs,
+        &tokens,
+        shape.experts,
+        shape.topk,
+        args.pad_multiple,
+    )?;
     let rb = dtype.row_bytes(shape.hidden) + dtype.scales_per_row(shape.hidden) * 4;
     let probs = vec![0.5f32; args.tokens * shape.topk];
     for r in 0..args.ranks {
@@ -85,12 +106,15 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         let scales = vec![1f32; tokens[r] * dtype.scales_per_row(shape.hidden)];
         let x = match dtype {
             RowDtype::Bf16 => megamoe_ep::Rows::Bf16(&rows_bf16),
-            RowDtype::Fp8 => megamoe_ep::Rows::Fp8 { data: &rows, scales: &scales },
+            RowDtype::Fp8 => megamoe_ep::Rows::Fp8 {
+                data: &rows,
+                scales: &scales,
+            },
         };
         world.upload_inputs(r, tokens[r], x, &idx[r], &probs[..tokens[r] * shape.topk])?;
     }
-    let (d_nvl, d_hbm, c_nvl, c_hbm) = traffic(&plan, &idx, shape.hidden, rb);
-    let (cb_nvl, cb_hbm, _, _) = traffic(&plan, &idx, shape.hidden, shape.hidden * 2);
+    let (d_nvl, d_hbm, c_nvl, c_hbm, a_hbm) = traffic(&plan, &idx, shape.hidden, rb);
+    let (cb_nvl, cb_hbm, _, _, _) = traffic(&plan, &idx, shape.hidden, shape.hidden * 2);
 
     // The baseline moves the same rows; checked once against our dispatch output (BF16 rows only
     // carry no scales, so the two outputs must be identical there).
@@ -119,24 +143,68 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         let mut handle = world.new_handle()?;
         world.dispatch_with_permute(&tokens, args.pad_multiple, SyncMode::Blocking, &mut handle)?;
         let mut arms = vec![
-            Arm { name: "dispatch_with_permute", nvlink_bytes: d_nvl, hbm_bytes: d_hbm, rounds: vec![] },
-            Arm { name: "combine_with_unpermute", nvlink_bytes: c_nvl, hbm_bytes: c_hbm, rounds: vec![] },
-            Arm { name: "combine backward (bf16 dispatch)", nvlink_bytes: cb_nvl, hbm_bytes: cb_hbm, rounds: vec![] },
-            Arm { name: "dispatch backward (combine + prob grads)", nvlink_bytes: c_nvl, hbm_bytes: c_hbm, rounds: vec![] },
+            Arm {
+                name: "dispatch_with_permute",
+                nvlink_bytes: d_nvl,
+                hbm_bytes: d_hbm,
+                rounds: vec![],
+            },
+            Arm {
+                name: "combine_with_unpermute",
+                nvlink_bytes: c_nvl,
+                hbm_bytes: c_hbm,
+                rounds: vec![],
+            },
+            Arm {
+                name: "combine backward (bf16 dispatch)",
+                nvlink_bytes: cb_nvl,
+                hbm_bytes: cb_hbm,
+                rounds: vec![],
+            },
+            Arm {
+                name: "dispatch backward (combine + prob grads)",
+                nvlink_bytes: c_nvl,
+                hbm_bytes: c_hbm,
+                rounds: vec![],
+            },
+            Arm {
+                name: "dispatch alone (no permute)",
+                nvlink_bytes: d_nvl,
+                hbm_bytes: a_hbm,
+                rounds: vec![],
+            },
         ];
         if let Some(b) = &baseline {
             // Each slot's row crosses NVLink separately; HBM: the two permutes read and write
             // every slot row once each, the exchange writes them once more.
             let slot_rows: usize = idx.iter().flatten().filter(|&&e| e >= 0).count() / args.ranks;
             let hbm = (5 * slot_rows * dtype.row_bytes(shape.hidden)) as f64;
-            arms.push(Arm { name: "NCCL a2a-v + 2 permutes (Megatron path)", nvlink_bytes: b.nvlink_bytes(), hbm_bytes: hbm, rounds: vec![] });
-            arms.push(Arm { name: "NCCL a2a-v alone", nvlink_bytes: b.nvlink_bytes(), hbm_bytes: 0.0, rounds: vec![] });
+            arms.push(Arm {
+                name: "NCCL a2a-v + 2 permutes (Megatron path)",
+                nvlink_bytes: b.nvlink_bytes(),
+                hbm_bytes: hbm,
+                rounds: vec![],
+            });
+            arms.push(Arm {
+                name: "NCCL a2a-v alone",
+                nvlink_bytes: b.nvlink_bytes(),
+                hbm_bytes: 0.0,
+                rounds: vec![],
+            });
         }
         let n = arms.len();
         for round in 0..3 {
             for i in 0..n {
                 let a = if round % 2 == 0 { i } else { n - 1 - i };
-                let us = time_arm(&world, baseline.as_ref(), a, &tokens, args.pad_multiple, &mut handle, args.iters)?;
+                let us = time_arm(
+                    &world,
+                    baseline.as_ref(),
+                    a,
+                    &tokens,
+                    args.pad_multiple,
+                    &mut handle,
+                    args.iters,
+                )?;
                 arms[a].rounds.push(us);
             }
         }
@@ -144,7 +212,8 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             let mut r = arm.rounds.clone();
             r.sort_by(f64::total_cmp);
             let med = r[r.len() / 2];
-            let floor = (arm.nvlink_bytes / (NVLINK_GBPS * 1e3)).max(arm.hbm_bytes / (HBM_GBPS * 1e3));
+            let floor =
+                (arm.nvlink_bytes / (NVLINK_GBPS * 1e3)).max(arm.hbm_bytes / (HBM_GBPS * 1e3));
             println!(
                 "| {sms} | {} | {med:.1} | {:.1}–{:.1} | {:.1} | {:.0} | {floor:.1} | {:.2} |",
                 arm.name,
@@ -155,27 +224,58 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 med / floor
             );
         }
+        let ratio = |a: usize, b: usize| {
+            let mut q: Vec<f64> = arms[a]
+                .rounds
+                .iter()
+                .zip(&arms[b].rounds)
+                .map(|(x, y)| x / y)
+                .collect();
+            q.sort_by(f64::total_cmp);
+            format!(
+                "{:.2} (rounds {:.2}–{:.2})",
+                q[q.len() / 2],
+                q[0],
+                q[q.len() - 1]
+            )
+        };
+        println!(
+            "| {sms} | fused permute / dispatch alone | {} | | | | | |",
+            ratio(0, 4)
+        );
+        if arms.len() > 5 {
+            println!(
+                "| {sms} | NCCL path / dispatch_with_permute | {} | | | | | |",
+                ratio(5, 0)
+            );
+        }
     }
     Ok(())
 }
 
 /// Per-GPU bytes of the slowest rank: (dispatch NVLink, dispatch HBM, combine NVLink, combine
-/// HBM). Dispatch pulls each remote token once per rank it goes to and writes every row (padding
-/// included); combine pulls every remote copy of its tokens' rows.
-fn traffic(plan: &PermutePlan, idx: &[Vec<i32>], hidden: usize, row_bytes: usize) -> (f64, f64, f64, f64) {
+/// HBM, unpermuted dispatch HBM). Dispatch pulls each remote token once per rank it goes to and
+/// writes every row (padding included); combine pulls every remote copy of its tokens' rows.
+fn traffic(
+    plan: &PermutePlan,
+    idx: &[Vec<i32>],
+    hidden: usize,
+    row_bytes: usize,
+) -> (f64, f64, f64, f64, f64) {
     let (r, k, el) = (plan.ranks, plan.topk, plan.local_experts());
-    let (mut dn, mut dh, mut cn, mut ch) = (0f64, 0f64, 0f64, 0f64);
+    let (mut dn, mut dh, mut cn, mut ch, mut ah) = (0f64, 0f64, 0f64, 0f64, 0f64);
     for d in 0..r {
-        let (mut nvl, mut hbm) = (0usize, plan.rows_per_rank[d] * row_bytes);
+        let (mut nvl, mut hbm, mut alone) = (0usize, plan.rows_per_rank[d] * row_bytes, 0usize);
         let (mut cnvl, mut chbm) = (0usize, plan.tokens[d] * hidden * 2);
-        for s in 0..r {
-            for t in 0..plan.tokens[s] {
-                let slots = &idx[s][t * k..(t + 1) * k];
+        for (s, s_idx) in idx.iter().enumerate() {
+            for slots in s_idx.chunks_exact(k).take(plan.tokens[s]) {
                 let here = slots.iter().any(|&e| e >= 0 && e as usize / el == d);
                 if here && s != d {
                     nvl += row_bytes;
+                    alone += row_bytes;
                 } else if here {
                     hbm += row_bytes;
+                    alone += 2 * row_bytes;
                 }
             }
         }
@@ -195,21 +295,35 @@ fn traffic(plan: &PermutePlan, idx: &[Vec<i32>], hidden: usize, row_bytes: usize
         dh = dh.max(hbm as f64);
         cn = cn.max(cnvl as f64);
         ch = ch.max(chbm as f64);
+        ah = ah.max(alone as f64);
     }
-    (dn, dh, cn, ch)
+    (dn, dh, cn, ch, ah)
 }
 
 /// Median over `iters` calls of the slowest rank's event time, µs.
-fn time_arm(world: &EpWorld, baseline: Option<&NcclBaseline>, arm: usize, tokens: &[usize], pad: usize, handle: &mut Handle, iters: usize) -> Result<f64, Box<dyn std::error::Error>> {
+fn time_arm(
+    world: &EpWorld,
+    baseline: Option<&NcclBaseline>,
+    arm: usize,
+    tokens: &[usize],
+    pad: usize,
+    handle: &mut Handle,
+    iters: usize,
+) -> Result<f64, Box<dyn std::error::Error>> {
     let ranks = world.ranks();
-    let bound = SyncMode::NonBlocking { row_bound: world.config.spec.max_rows() };
+    let bound = SyncMode::NonBlocking {
+        row_bound: world.config.spec.max_rows(),
+    };
     let call = |h: &mut Handle| -> Result<(), megamoe_ep::EpError> {
         match arm {
-            0 => world.dispatch_with_permute(tokens, pad, bound, h).map(|_| ()),
+            0 => world
+                .dispatch_with_permute(tokens, pad, bound, h)
+                .map(|_| ()),
             1 => world.combine_with_unpermute(h, false, bound),
             2 => world.combine_backward(h, bound),
             3 => world.dispatch_backward(h, bound),
-            4 => baseline.expect("baseline arm").dispatch(world, true),
+            4 => world.dispatch_without_permute(tokens, h),
+            5 => baseline.expect("baseline arm").dispatch(world, true),
             _ => baseline.expect("baseline arm").dispatch(world, false),
         }
     };
@@ -217,7 +331,11 @@ fn time_arm(world: &EpWorld, baseline: Option<&NcclBaseline>, arm: usize, tokens
         call(handle)?;
     }
     let events = (0..iters)
-        .map(|_| (0..ranks).map(|r| Ok((Event::new(world.gpu_of(r))?, Event::new(world.gpu_of(r))?))).collect::<Result<Vec<_>, megamoe_ep::EpError>>())
+        .map(|_| {
+            (0..ranks)
+                .map(|r| Ok((Event::new(world.gpu_of(r))?, Event::new(world.gpu_of(r))?)))
+                .collect::<Result<Vec<_>, megamoe_ep::EpError>>()
+        })
         .collect::<Result<Vec<_>, _>>()?;
     for ev in &events {
         for (r, (a, _)) in ev.iter().enumerate() {
@@ -231,7 +349,11 @@ fn time_arm(world: &EpWorld, baseline: Option<&NcclBaseline>, arm: usize, tokens
     world.sync()?;
     let mut per_call = events
         .iter()
-        .map(|ev| ev.iter().map(|(a, b)| a.elapsed_ms(b).map(|ms| ms as f64 * 1e3)).try_fold(0f64, |m, t| t.map(|t| m.max(t))))
+        .map(|ev| {
+            ev.iter()
+                .map(|(a, b)| a.elapsed_ms(b).map(|ms| ms as f64 * 1e3))
+                .try_fold(0f64, |m, t| t.map(|t| m.max(t)))
+        })
         .collect::<Result<Vec<_>, _>>()?;
     per_call.sort_by(f64::total_cmp);
     Ok(per_call[per_call.len() / 2])

@@ -322,7 +322,7 @@ fn time_arm(
             1 => world.combine_with_unpermute(h, false, bound),
             2 => world.combine_backward(h, bound),
             3 => world.dispatch_backward(h, bound),
-            4 => world.dispatch_without_permute(tokens, h),
+            4 => world.dispatch_without_permute(tokens, pad, h),
             5 => baseline.expect("baseline arm").dispatch(world, true),
             _ => baseline.expect("baseline arm").dispatch(world, false),
         }

@@ -456,10 +456,12 @@ impl EpWorld {
     }
 
     /// The benchmark's "dispatch alone": the same exchange without the permute (one row per
-    /// (source, token) with any local expert, at row `source · T_max + token`, no padding).
+    /// (source, token) with any local expert, at row `source · T_max + token`, no padding); the
+    /// handle is refilled as by a dispatch with `pad_multiple`.
     pub fn dispatch_without_permute(
         &self,
         tokens: &[usize],
+        pad_multiple: usize,
         handle: &Handle,
     ) -> Result<(), EpError> {
         self.check_tokens(tokens)?;
@@ -468,7 +470,7 @@ impl EpWorld {
         let (row_bytes, spr) = (dtype.row_bytes(s.hidden), dtype.scales_per_row(s.hidden));
         self.launch_dispatch(
             tokens,
-            1,
+            pad_multiple,
             row_bytes,
             spr,
             s.max_rows(),

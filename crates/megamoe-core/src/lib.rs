@@ -10,10 +10,12 @@ pub mod diff;
 pub mod error;
 pub mod numerics;
 pub mod permute;
+pub mod plan;
 pub mod preset;
 pub mod quant;
 pub mod reference;
 pub mod routing;
+pub mod sim;
 mod simd;
 pub mod weights;
 

@@ -1,9 +1,19 @@
-use clap::{Parser, Subcommand};
+//! `megamoe`: the command line of the megamoe expert-parallel MoE layer. A thin shell: every
+//! subcommand lives in its own file under `cmd/` and calls the library crates.
 
 mod cmd;
+mod progress;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "megamoe", about = "Expert-parallel MoE layer for Hopper")]
+#[command(
+    name = "megamoe",
+    version,
+    about = "Expert-parallel MoE layer for Hopper GPUs"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -11,12 +21,16 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the fused MoE layer on a generated batch (the CPU reference where no GPU layer runs).
+    Run(cmd::run::RunArgs),
+    /// Symmetric-buffer sizes (split vs fused) and the schedule of one preset.
+    Plan(cmd::plan::PlanArgs),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
         what: Bench,
     },
-    /// Runs the GPU checks (bitwise against the CPU reference).
+    /// The GPU checks (bitwise against the CPU reference); says so when no GPU is present.
     Selftest(cmd::selftest::Args),
 }
 
@@ -26,16 +40,21 @@ enum Bench {
     Dispatch(cmd::bench_dispatch::Args),
 }
 
-fn main() {
+fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command {
+    let result: Result<(), Box<dyn std::error::Error>> = match cli.command {
+        Command::Run(args) => cmd::run::run(&args),
+        Command::Plan(args) => cmd::plan::run(&args),
         Command::Bench {
             what: Bench::Dispatch(args),
         } => cmd::bench_dispatch::run(args),
         Command::Selftest(args) => cmd::selftest::run(args),
     };
-    if let Err(e) = result {
-        eprintln!("error: {e}");
-        std::process::exit(1);
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("megamoe: error: {e}");
+            ExitCode::FAILURE
+        }
     }
 }

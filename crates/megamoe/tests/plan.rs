@@ -1,0 +1,83 @@
+//! `megamoe plan`: the seed's size table and the bad-argument exits.
+
+use std::process::Command;
+
+fn plan(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_megamoe"))
+        .arg("plan")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn json_reports_a_fused_buffer_at_least_four_times_smaller_at_8192() {
+    for (preset, lag) in [("flash", 29), ("pro", 22)] {
+        let out = plan(&[
+            "--preset", preset, "--ranks", "8", "--tokens", "8192", "--json",
+        ]);
+        assert!(out.status.success());
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let split = v["split_bytes"].as_u64().unwrap();
+        let fused = v["fused_bytes"].as_u64().unwrap();
+        assert!(split >= 4 * fused, "{preset}: {split} vs {fused}");
+        assert_eq!(v["lag_units"], lag);
+        assert_eq!(v["ring_tokens"], (8 * (lag + 4) + 4) * 128);
+        assert!(v["pool_tokens"].as_u64().unwrap() > v["ring_tokens"].as_u64().unwrap());
+        let bounds: Vec<u64> = v["table"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["bound"].as_u64().unwrap())
+            .collect();
+        assert_eq!(bounds, [128, 256, 512, 1024, 2048, 4096, 8192]);
+    }
+}
+
+#[test]
+fn human_output_prints_the_size_table_and_the_regions() {
+    let out = plan(&[
+        "--preset", "pro", "--ranks", "4", "--tokens", "3000", "--gran", "64",
+    ]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("split MiB") && text.contains("fused MiB"),
+        "{text}"
+    );
+    assert!(text.contains("aligned from 3000"), "{text}");
+    assert!(
+        text.contains("l2_pool_scales") && text.contains("per 64 columns"),
+        "{text}"
+    );
+}
+
+#[test]
+fn bad_arguments_exit_non_zero_with_one_line_naming_them() {
+    for (args, word) in [
+        (
+            vec!["--preset", "huge", "--ranks", "8", "--tokens", "64"],
+            "huge",
+        ),
+        (
+            vec!["--preset", "flash", "--ranks", "3", "--tokens", "64"],
+            "ranks",
+        ),
+        (
+            vec!["--preset", "flash", "--ranks", "8", "--tokens", "0"],
+            "tokens",
+        ),
+        (
+            vec![
+                "--preset", "flash", "--ranks", "8", "--tokens", "64", "--gran", "96",
+            ],
+            "gran",
+        ),
+    ] {
+        let out = plan(&args);
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(err.contains(word), "{err}");
+    }
+}

@@ -1,0 +1,90 @@
+//! `megamoe run`: the JSON report, determinism across rank counts, and bad-argument exits.
+
+use std::process::{Command, Output};
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_megamoe"))
+        .arg("run")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn json(args: &[&str]) -> serde_json::Value {
+    let mut all = args.to_vec();
+    all.push("--json");
+    let out = run(&all);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn json_report_has_the_documented_fields_and_a_small_fp8_cost() {
+    let v = json(&["--preset", "tiny", "--ranks", "2", "--tokens", "32"]);
+    for field in [
+        "backend",
+        "preset",
+        "ranks",
+        "tokens_per_rank",
+        "diff_vs_f64",
+        "output_hash",
+        "time_ms",
+    ] {
+        assert!(v.get(field).is_some(), "missing {field} in {v}");
+    }
+    assert_eq!(v["backend"], "cpu");
+    assert_eq!(v["tokens_per_rank"], 32);
+    assert_eq!(v["valid_slots"], 2 * 32 * 4);
+    let d = v["diff_vs_f64"].as_f64().unwrap();
+    assert!(d > 0.0 && d < 1e-2, "diff vs f64 {d}");
+}
+
+#[test]
+fn output_hash_is_the_same_for_one_two_four_and_eight_ranks() {
+    let hashes: Vec<_> = [(1, "64"), (2, "32"), (4, "16"), (8, "8")]
+        .iter()
+        .map(|(r, t)| {
+            json(&[
+                "--preset",
+                "tiny",
+                "--ranks",
+                &r.to_string(),
+                "--tokens",
+                t,
+                "--routing",
+                "zipf",
+                "--masked",
+                "0.2",
+            ])["output_hash"]
+                .clone()
+        })
+        .collect();
+    assert!(hashes.iter().all(|h| *h == hashes[0]), "{hashes:?}");
+}
+
+#[test]
+fn zero_tokens_is_a_legal_call() {
+    let v = json(&["--preset", "tiny", "--ranks", "2", "--tokens", "0"]);
+    assert_eq!(v["valid_slots"], 0);
+    assert_eq!(v["diff_vs_f64"], 0.0);
+}
+
+#[test]
+fn bad_arguments_exit_non_zero_with_a_one_line_reason() {
+    for (args, needle) in [
+        (&["--preset", "huge"][..], "huge"),
+        (&["--ranks", "3"][..], "ranks"),
+        (&["--masked", "1.5"][..], "masked"),
+        (&["--gran", "96"][..], "96"),
+    ] {
+        let out = run(args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}

@@ -50,10 +50,7 @@ impl NcclBaseline {
                 world.physical_gpus()
             )));
         }
-        // SAFETY: probes whether the library can be opened.
-        if !unsafe { nccl_sys::is_culib_present() } {
-            return Err(EpError::NoGpu("libnccl could not be loaded".into()));
-        }
+        megamoe_cuda::probe::nccl().map_err(|e| EpError::NoGpu(e.to_string()))?;
         let (k, e_all, el) = (plan.topk, plan.experts, plan.local_experts());
         let mut ranks = Vec::with_capacity(r);
         for s in 0..r {

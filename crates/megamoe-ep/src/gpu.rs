@@ -15,12 +15,10 @@ fn cuda<T>(what: &str, r: Result<T, result::DriverError>) -> Result<T, EpError> 
     r.map_err(|e| EpError::Cuda(format!("{what}: {e:?}")))
 }
 
-/// GPUs visible here; an error (not a panic) when the driver library is absent.
+/// GPUs visible here; an error (not a panic) when the driver library is absent. The runtime
+/// crate's probe finds and keeps the library loaded; cudarc then gets the same object by soname.
 pub fn gpu_count() -> Result<usize, EpError> {
-    // SAFETY: only probes whether the library can be opened.
-    if !unsafe { sys::is_culib_present() } {
-        return Err(EpError::NoGpu("libcuda could not be loaded".into()));
-    }
+    megamoe_cuda::probe::libcuda().map_err(|e| EpError::NoGpu(e.to_string()))?;
     cuda("cuInit", result::init())?;
     Ok(cuda("cuDeviceGetCount", result::device::get_count())? as usize)
 }
@@ -61,10 +59,7 @@ pub fn compile() -> Result<&'static Cubin, EpError> {
 }
 
 fn compile_uncached() -> Result<Cubin, EpError> {
-    // SAFETY: probes whether the library can be opened.
-    if !unsafe { nvrtc::is_culib_present() } {
-        return Err(EpError::NoGpu("libnvrtc could not be loaded".into()));
-    }
+    megamoe_cuda::probe::nvrtc().map_err(|e| EpError::NoGpu(e.to_string()))?;
     let cstr = |s: &str| CString::new(s).expect("no NUL in kernel sources");
     let src = cstr(TRANSLATION_UNIT);
     // The headers are looked up relative to the including file's folder as well as by the names

@@ -47,12 +47,61 @@ pub struct QuantParams {
 }
 assert_layout!(QuantParams, 32, 8);
 
-/// Threads per block and 128-column blocks per half-warp of the quantizer.
+/// Threads per block of the quantizer.
 pub const QUANT_THREADS: u32 = 256;
-pub const QUANT_BLOCKS_PER_HALF_WARP: u32 = 2;
+/// 128-column blocks per half-warp (loads in flight per thread) of every compiled quantizer.
+pub const QUANT_BLOCKS_PER_HALF_WARP: [u32; 3] = [1, 2, 4];
 
-pub fn quant_e4m3() -> KernelSpec {
-    let b = QUANT_BLOCKS_PER_HALF_WARP;
+/// One quantizer configuration: the kernel's blocks per half-warp, and the grid: one thread
+/// block per piece of work (`ctas_per_sm == 0`) or a persistent grid of `ctas_per_sm` blocks per
+/// SM. Written `b2` or `b2p8`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuantConfig {
+    pub blocks_per_half_warp: u32,
+    pub ctas_per_sm: u32,
+}
+
+impl QuantConfig {
+    /// The fastest measured at T = 8192, H = 7168 (docs/PERF.md).
+    pub const DEFAULT: QuantConfig = QuantConfig {
+        blocks_per_half_warp: 2,
+        ctas_per_sm: 0,
+    };
+}
+
+impl std::fmt::Display for QuantConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "b{}", self.blocks_per_half_warp)?;
+        if self.ctas_per_sm > 0 {
+            write!(f, "p{}", self.ctas_per_sm)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::str::FromStr for QuantConfig {
+    type Err = crate::Error;
+
+    fn from_str(s: &str) -> crate::Result<Self> {
+        let invalid = || crate::Error::Invalid {
+            arg: "quant config",
+            reason: format!("`{s}` is not b<1|2|4> or b<1|2|4>p<ctas per SM>"),
+        };
+        let rest = s.strip_prefix('b').ok_or_else(invalid)?;
+        let (b, p) = rest.split_once('p').unwrap_or((rest, "0"));
+        let config = QuantConfig {
+            blocks_per_half_warp: b.parse().map_err(|_| invalid())?,
+            ctas_per_sm: p.parse().map_err(|_| invalid())?,
+        };
+        if !QUANT_BLOCKS_PER_HALF_WARP.contains(&config.blocks_per_half_warp) {
+            return Err(invalid());
+        }
+        Ok(config)
+    }
+}
+
+pub fn quant_e4m3(blocks_per_half_warp: u32) -> KernelSpec {
+    let b = blocks_per_half_warp;
     unit(
         &format!("quant_e4m3_b{b}"),
         "quant_e4m3.cuh",
@@ -154,11 +203,23 @@ pub fn tma_check() -> KernelSpec {
 
 /// Every configuration this crate compiles.
 pub fn kernel_specs() -> Vec<KernelSpec> {
-    vec![
-        quant_e4m3(),
-        nvlink_copy(),
-        rank_barrier(),
-        launch_check(),
-        tma_check(),
-    ]
+    let mut specs: Vec<KernelSpec> = QUANT_BLOCKS_PER_HALF_WARP.map(quant_e4m3).into();
+    specs.extend([nvlink_copy(), rank_barrier(), launch_check(), tma_check()]);
+    specs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quant_config_parses_and_prints() {
+        for text in ["b2", "b4p8", "b1p1"] {
+            assert_eq!(text.parse::<QuantConfig>().unwrap().to_string(), text);
+        }
+        assert_eq!("b2p0".parse::<QuantConfig>().unwrap(), QuantConfig::DEFAULT);
+        for bad in ["", "b3", "x2", "b2p", "b2px"] {
+            assert!(bad.parse::<QuantConfig>().is_err(), "{bad}");
+        }
+    }
 }

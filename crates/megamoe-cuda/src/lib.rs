@@ -15,7 +15,7 @@
 //! let x = gpu.alloc_from(&vec![half::bf16::ONE; 4 * 256])?; // cuMemAlloc, peer-accessible
 //! let q = gpu.alloc_zeroed(4 * 256)?;
 //! let sf = gpu.alloc_zeroed(4 * 2 * 4)?;
-//! let compiled = jit::compile(&kernels::quant_e4m3())?;     // NVRTC -> CUBIN, disk-cached
+//! let compiled = jit::compile(&kernels::quant_e4m3(2))?;    // NVRTC -> CUBIN, disk-cached
 //! println!("{}", compiled.report);                          // registers, spills, smem...
 //! let kernel = gpu.load(&compiled)?;
 //! let params = kernels::QuantParams { x: x.ptr(), q: q.ptr(), sf: sf.ptr(), rows: 4, cols: 256 };
@@ -29,7 +29,8 @@
 //! ```
 //!
 //! - [`Gpu`]: a device's primary context plus a stream of its own ([`Gpu::all`], [`Gpu::new`],
-//!   [`Gpu::with_new_stream`] for a second stream on the same device). Buffers
+//!   [`Gpu::with_new_stream`] for a second stream on the same device; graph capture and replay).
+//!   Buffers
 //!   ([`DeviceBuffer`]: `upload`, `download`, `memset`, `ptr() -> u64`), peer access, copy-engine
 //!   copies, module loading ([`Gpu::load`]) and [`Gpu::launch`].
 //! - [`LaunchConfig`]: grid, block, dynamic shared memory (the function's limit is raised above
@@ -44,22 +45,36 @@
 //! - [`TiledMap::encode`] → [`TensorMap`], 128 bytes aligned to 64, embedded in params.
 //! - [`WaitRecord`] / [`Wait`]: what a device-side wait that ran past its deadline records,
 //!   decoded into [`Error::WaitTimeout`].
+//! - [`World`] of R ranks (R may exceed the GPU count: virtual ranks), one host thread per rank
+//!   ([`World::run`], errors on every rank when one fails), [`SymmetricBuffer`]s with per-rank
+//!   peer pointer tables, and [`Rank::barrier`], a device-side barrier with a deadline.
+//! - [`Quantizer`]: bf16 → e4m3 per-128 quantization, bitwise equal to megamoe-core's
+//!   `quant::quantize_rows`; [`bench`]: NVLink and quantization benchmarks;
+//!   [`selftest`]: the GPU checks `megamoe selftest` runs.
 //!
 //! # Finding CUDA
 //! See [`probe`]: `MEGAMOE_NVRTC_LIB`, `MEGAMOE_CUDA_HOME`, the system paths, then the
 //! project-local `.toolchain/` that `scripts/install-cuda-toolchain.sh` fills from PyPI.
 
+pub mod bench;
 pub mod device;
 pub mod error;
 pub mod jit;
 pub mod kernels;
 pub mod nvrtc;
 pub mod probe;
+pub mod quant;
+pub mod ranks;
+pub mod selftest;
 pub mod tma;
 pub mod wait;
 
-pub use device::{device_count, DeviceBuffer, Gpu, GpuProps, Kernel, LaunchConfig, Pod, Timer};
+pub use device::{
+    device_count, DeviceBuffer, Gpu, GpuProps, Graph, Kernel, LaunchConfig, Pod, Timer,
+};
 pub use error::{Error, Result};
 pub use jit::{CompiledKernel, KernelSpec};
+pub use quant::Quantizer;
+pub use ranks::{Rank, SymmetricBuffer, World};
 pub use tma::{Swizzle, TensorMap, TiledMap, TmaDtype};
 pub use wait::{Wait, WaitRecord};

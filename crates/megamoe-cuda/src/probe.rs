@@ -6,7 +6,7 @@
 //! loader then hands the same object to cudarc when cudarc asks for it by its soname.
 //!
 //! Search order, first hit wins:
-//! - NVRTC: `$MEGAMOE_NVRTC_LIB` (a file), `$MEGAMOE_CUDA_HOME/{lib64,lib}`, the system loader
+//! - NVRTC: `$MEGAMOE_NVRTC_LIB` (the library or its folder), `$MEGAMOE_CUDA_HOME/{lib64,lib}`, the system loader
 //!   path (`LD_LIBRARY_PATH`, ld.so.cache), `/usr/local/cuda/lib64`, then the project-local
 //!   toolchain that `scripts/install-cuda-toolchain.sh` installs (`$MEGAMOE_TOOLCHAIN_DIR`, or a
 //!   `.toolchain/` folder above the working directory, the executable or this crate's source).
@@ -118,8 +118,13 @@ fn nvrtc_candidates() -> Vec<String> {
     const NAMES: [&str; 2] = ["libnvrtc.so.13", "libnvrtc.so"];
     let mut dirs: Vec<PathBuf> = Vec::new();
     let mut out: Vec<String> = Vec::new();
-    if let Some(file) = env_path("MEGAMOE_NVRTC_LIB") {
-        out.push(file.display().to_string());
+    // MEGAMOE_NVRTC_LIB may name the library or the folder holding it.
+    if let Some(path) = env_path("MEGAMOE_NVRTC_LIB") {
+        if path.is_dir() {
+            dirs.push(path);
+        } else {
+            out.push(path.display().to_string());
+        }
     }
     if let Some(home) = env_path("MEGAMOE_CUDA_HOME") {
         dirs.extend([home.join("lib64"), home.join("lib")]);

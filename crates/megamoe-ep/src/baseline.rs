@@ -2,22 +2,23 @@
 //! that copies each token once per slot grouped by expert (so by destination rank), NCCL
 //! all-to-all-v (grouped send/recv), and a second permute that regroups the received
 //! (source, expert) chunks by local expert into the same padded layout as ours. The index lists
-//! are built on the host from the plan (not timed; Megatron derives them on the device).
+//! are built on the host from megamoe-core's permute plan (not timed; Megatron derives them on
+//! the device).
 
 use cudarc::nccl::{result as nccl, sys as nccl_sys};
+use megamoe_core::permute::PermuteHandle;
+use megamoe_cuda::{DeviceBuffer, LaunchConfig};
 
 use crate::error::EpError;
-use crate::gpu::DevBuf;
-use crate::params::GatherParams;
-use crate::plan::PermutePlan;
+use crate::params::{GatherParams, THREADS};
 use crate::world::EpWorld;
 
 struct BaselineRank {
-    send: DevBuf,
-    recv: DevBuf,
-    out: DevBuf,
-    send_index: DevBuf,
-    recv_index: DevBuf,
+    send: DeviceBuffer,
+    recv: DeviceBuffer,
+    out: DeviceBuffer,
+    send_index: DeviceBuffer,
+    recv_index: DeviceBuffer,
     n_send: usize,
     n_out: usize,
     send_counts: Vec<usize>,
@@ -31,34 +32,41 @@ pub struct NcclBaseline {
     grid: u32,
 }
 
-fn nccl_err(what: &str, e: nccl::NcclError) -> EpError {
-    EpError::Cuda(format!("NCCL {what}: {e:?}"))
+fn nccl_err(call: &'static str, e: nccl::NcclError) -> EpError {
+    EpError::Nccl {
+        call,
+        message: format!("{e:?}"),
+    }
 }
 
 impl NcclBaseline {
-    /// Needs one rank per GPU (NCCL has no virtual ranks). `idx[r]` is rank r's topk_idx.
+    /// Needs one rank per GPU (NCCL has no virtual ranks). `idx[r]` is rank r's topk_idx and
+    /// `handle` the plan of its dispatch.
     pub fn new(
         world: &EpWorld,
-        plan: &PermutePlan,
+        handle: &PermuteHandle,
         idx: &[Vec<i32>],
         row_bytes: usize,
     ) -> Result<Self, EpError> {
         let r = world.ranks();
         if world.physical_gpus() != r {
-            return Err(EpError::NoGpu(format!(
-                "the NCCL baseline needs {r} GPUs, {} present",
-                world.physical_gpus()
-            )));
+            return Err(EpError::Nccl {
+                call: "setup",
+                message: format!(
+                    "the NCCL baseline needs {r} GPUs, {} present",
+                    world.physical_gpus()
+                ),
+            });
         }
-        megamoe_cuda::probe::nccl().map_err(|e| EpError::NoGpu(e.to_string()))?;
-        let (k, e_all, el) = (plan.topk, plan.experts, plan.local_experts());
+        megamoe_cuda::probe::nccl()?;
+        let (k, el) = (handle.topk, handle.experts / r);
         let mut ranks = Vec::with_capacity(r);
-        for s in 0..r {
-            let gpu = world.gpu_of(s);
+        for (s, s_idx) in idx.iter().enumerate().take(r) {
+            let gpu = &world.rank(s).gpu;
             // Source side: (expert, token) order of every valid slot.
-            let mut slots: Vec<(i32, usize)> = (0..plan.tokens[s] * k)
-                .filter(|&i| idx[s][i] >= 0)
-                .map(|i| (idx[s][i], i / k))
+            let mut slots: Vec<(i32, usize)> = (0..handle.tokens[s] * k)
+                .filter(|&i| s_idx[i] >= 0)
+                .map(|i| (s_idx[i], i / k))
                 .collect();
             slots.sort_unstable();
             let send_index: Vec<i32> = slots.iter().map(|&(_, t)| t as i32).collect();
@@ -66,50 +74,33 @@ impl NcclBaseline {
             for &(e, _) in &slots {
                 send_counts[e as usize / el] += 1;
             }
-            let recv_counts: Vec<usize> = (0..r)
-                .map(|src| {
-                    (s * el..(s + 1) * el)
-                        .map(|e| plan.counts[src * e_all + e] as usize)
-                        .sum()
-                })
-                .collect();
-            // Receiver side: output row -> row of the received buffer (sources back to back, each
-            // in (expert, token) order), −1 for padding.
-            let n_out = plan.rows_per_rank[s];
+            // Receiver side: sources back to back, each in (expert, token) order (the order it
+            // sends in); output row -> row of the received buffer, −1 for padding.
+            let n_out = handle.plans[s].output_rows();
             let mut recv_index = vec![-1i32; n_out];
+            let mut recv_counts = Vec::with_capacity(r);
             let mut chunk = 0usize;
-            for (src, src_idx) in idx.iter().enumerate() {
-                let mut expert_start = vec![0usize; el];
-                let mut acc = chunk;
-                for (j, start) in expert_start.iter_mut().enumerate() {
-                    *start = acc;
-                    acc += plan.counts[src * e_all + s * el + j] as usize;
+            for dests in &handle.destinations {
+                let mut rows: Vec<(usize, usize)> = dests
+                    .iter()
+                    .flatten()
+                    .filter(|d| d.rank == s)
+                    .map(|d| (d.expert, d.row))
+                    .collect();
+                rows.sort_unstable();
+                for (i, &(_, row)) in rows.iter().enumerate() {
+                    recv_index[row] = (chunk + i) as i32;
                 }
-                for t in 0..plan.tokens[src] {
-                    for kk in 0..k {
-                        if let Some((d, row)) = plan.dest(src, src_idx, t, kk) {
-                            if d == s {
-                                let e = src_idx[t * k + kk] as usize - s * el;
-                                recv_index[row] =
-                                    (expert_start[e] + plan.pos[src][t * k + kk] as usize) as i32;
-                            }
-                        }
-                    }
-                }
-                chunk = acc;
+                recv_counts.push(rows.len());
+                chunk += rows.len();
             }
             let n_send = send_index.len();
-            let n_recv: usize = recv_counts.iter().sum();
-            let sb = DevBuf::new(gpu, send_index.len() * 4)?;
-            sb.upload(0, &send_index)?;
-            let rb = DevBuf::new(gpu, recv_index.len() * 4)?;
-            rb.upload(0, &recv_index)?;
             ranks.push(BaselineRank {
-                send: DevBuf::new(gpu, n_send * row_bytes)?,
-                recv: DevBuf::new(gpu, n_recv * row_bytes)?,
-                out: DevBuf::new(gpu, n_out * row_bytes)?,
-                send_index: sb,
-                recv_index: rb,
+                send: gpu.alloc(n_send * row_bytes)?,
+                recv: gpu.alloc(chunk * row_bytes)?,
+                out: gpu.alloc(n_out * row_bytes)?,
+                send_index: gpu.alloc_from(&send_index)?,
+                recv_index: gpu.alloc_from(&recv_index)?,
                 n_send,
                 n_out,
                 send_counts,
@@ -121,7 +112,7 @@ impl NcclBaseline {
         // SAFETY: one communicator per listed device, written into `comms`.
         unsafe { nccl::comm_init_all(comms.as_mut_ptr(), r as i32, devs.as_ptr()) }
             .map_err(|e| nccl_err("init", e))?;
-        let grid = world.gpu_of(0).multiprocessors as u32;
+        let grid = world.rank(0).gpu.props().sm_count;
         Ok(NcclBaseline {
             comms,
             ranks,
@@ -151,25 +142,15 @@ impl NcclBaseline {
         let r = self.ranks.len();
         if permute {
             for (s, b) in self.ranks.iter().enumerate() {
-                let p = GatherParams {
-                    src: world.ptrs(s).x,
-                    dst: b.send.ptr,
-                    index: b.send_index.ptr,
-                    rows: b.n_send as i32,
-                    row_bytes: self.row_bytes as i32,
-                };
-                // SAFETY: the kernel takes exactly this parameter struct; its addresses are live buffers.
-                unsafe {
-                    world
-                        .stream(s)
-                        .launch(world.gpu_of(s).gather, self.grid, 512, &p)
-                }?;
+                let x = world.ptrs(s).x;
+                self.gather(world, s, x, &b.send, &b.send_index, b.n_send)?;
             }
         }
         nccl::group_start().map_err(|e| nccl_err("group start", e))?;
         for (s, b) in self.ranks.iter().enumerate() {
-            world.gpu_of(s).bind()?;
-            let stream = world.stream(s).raw as nccl_sys::cudaStream_t;
+            let gpu = &world.rank(s).gpu;
+            gpu.bind()?;
+            let stream = gpu.cu_stream() as nccl_sys::cudaStream_t;
             let (mut so, mut ro) = (0usize, 0usize);
             for d in 0..r {
                 let (sn, rn) = (
@@ -179,7 +160,7 @@ impl NcclBaseline {
                 // SAFETY: ranges inside this rank's send/recv buffers; counts agree pairwise.
                 unsafe {
                     nccl::send(
-                        (b.send.ptr + so as u64) as *const _,
+                        (b.send.ptr() + so as u64) as *const _,
                         sn,
                         nccl_sys::ncclDataType_t::ncclUint8,
                         d as i32,
@@ -188,7 +169,7 @@ impl NcclBaseline {
                     )
                     .map_err(|e| nccl_err("send", e))?;
                     nccl::recv(
-                        (b.recv.ptr + ro as u64) as *mut _,
+                        (b.recv.ptr() + ro as u64) as *mut _,
                         rn,
                         nccl_sys::ncclDataType_t::ncclUint8,
                         d as i32,
@@ -204,29 +185,38 @@ impl NcclBaseline {
         nccl::group_end().map_err(|e| nccl_err("group end", e))?;
         if permute {
             for (s, b) in self.ranks.iter().enumerate() {
-                let p = GatherParams {
-                    src: b.recv.ptr,
-                    dst: b.out.ptr,
-                    index: b.recv_index.ptr,
-                    rows: b.n_out as i32,
-                    row_bytes: self.row_bytes as i32,
-                };
-                // SAFETY: the kernel takes exactly this parameter struct; its addresses are live buffers.
-                unsafe {
-                    world
-                        .stream(s)
-                        .launch(world.gpu_of(s).gather, self.grid, 512, &p)
-                }?;
+                self.gather(world, s, b.recv.ptr(), &b.out, &b.recv_index, b.n_out)?;
             }
         }
         Ok(())
     }
 
+    /// One permute on rank `s`: row i of `dst` is row `index[i]` of `src` (zero where −1).
+    fn gather(
+        &self,
+        world: &EpWorld,
+        s: usize,
+        src: u64,
+        dst: &DeviceBuffer,
+        index: &DeviceBuffer,
+        rows: usize,
+    ) -> Result<(), EpError> {
+        let p = GatherParams {
+            src,
+            dst: dst.ptr(),
+            index: index.ptr(),
+            rows: rows as i32,
+            row_bytes: self.row_bytes as i32,
+        };
+        let config = LaunchConfig::new(self.grid, THREADS);
+        Ok(world.rank(s).gpu.launch(&world.gather[s], &config, &p)?)
+    }
+
     /// Rank `s`'s permuted output (for checking the baseline against the reference).
     pub fn output(&self, s: usize) -> Result<Vec<u8>, EpError> {
-        self.ranks[s]
-            .out
-            .download(0, self.ranks[s].n_out * self.row_bytes)
+        let mut out = vec![0u8; self.ranks[s].n_out * self.row_bytes];
+        self.ranks[s].out.download_into(0, &mut out)?;
+        Ok(out)
     }
 }
 

@@ -12,24 +12,20 @@ pub enum EpError {
         #[source]
         source: megamoe_core::Error,
     },
-    #[error("no usable GPU: {0}")]
-    NoGpu(String),
-    #[error("CUDA: {0}")]
-    Cuda(String),
-    #[error("rank {rank}: wait `{wait}` on rank {peer} passed its deadline (saw {seen}, expected {expected}); the buffer must be rebuilt")]
-    Timeout {
-        rank: usize,
-        wait: &'static str,
-        peer: usize,
-        seen: u64,
-        expected: u64,
-    },
+    /// The GPU runtime: no GPU or library, a failed driver call, or a device wait past its
+    /// deadline ([`megamoe_cuda::Error::WaitTimeout`] names the rank, the wait and the peer;
+    /// the world must then be rebuilt).
+    #[error(transparent)]
+    Runtime(#[from] megamoe_cuda::Error),
     #[error("rank {rank}: the dispatch needs {needed} rows but the caller's bound `row_bound` is {bound}; no rows were moved")]
     Overflow {
         rank: usize,
         needed: u64,
         bound: u64,
     },
+    /// The NCCL baseline of the benchmark.
+    #[error("NCCL {call}: {message}")]
+    Nccl { call: &'static str, message: String },
 }
 
 impl EpError {

@@ -3,7 +3,7 @@
 
 use megamoe_core::{Error, Result};
 
-/// Limits the device code is compiled for (kernels/params.cuh).
+/// Limits the device code is compiled for (device/megamoe_ep/params.cuh).
 pub const MAX_RANKS: usize = 8;
 pub const MAX_TOPK: usize = 8;
 pub const MAX_EXPERTS: usize = 1024;
@@ -82,6 +82,34 @@ impl BufferSpec {
         Ok(())
     }
 
+    /// A buffer for `ranks` ranks of a model shape.
+    pub fn for_shape(
+        ranks: usize,
+        shape: &megamoe_core::preset::Shape,
+        max_tokens: usize,
+        max_pad_multiple: usize,
+    ) -> Self {
+        BufferSpec {
+            ranks,
+            experts: shape.experts,
+            topk: shape.topk,
+            hidden: shape.hidden,
+            max_tokens,
+            max_pad_multiple,
+        }
+    }
+
+    /// The shape megamoe-core's permute plan and reference take. I plays no part in dispatch
+    /// and combine; 128 satisfies the shape's rule.
+    pub fn shape(&self) -> megamoe_core::preset::Shape {
+        megamoe_core::preset::Shape {
+            hidden: self.hidden,
+            inter: 128,
+            experts: self.experts,
+            topk: self.topk,
+        }
+    }
+
     pub fn local_experts(&self) -> usize {
         self.experts / self.ranks
     }
@@ -140,12 +168,6 @@ impl BufferLayout {
             error: region(&mut c, 32),
             size: c,
         }
-    }
-
-    /// The regions that carry state from call to call (epochs, signals, status): zeroed once at
-    /// allocation; everything else is written before it is read.
-    pub fn sync_bytes(&self) -> usize {
-        self.counts
     }
 }
 

@@ -1,15 +1,20 @@
-//! The GPU checks of dispatch and combine (for `megamoe selftest`): every output bit against the
-//! CPU reference, outputs poisoned first, fresh random data each round.
+//! The GPU checks of dispatch and combine (for `megamoe selftest`): every output bit against
+//! megamoe-core's CPU reference (SPEC §5), outputs poisoned first, fresh generated data (SPEC §8
+//! routings) each round.
 
 use half::bf16;
 
+use megamoe_core::permute::{
+    combine_backward, combine_with_unpermute, dispatch_backward, dispatch_with_permute, Bf16Rows,
+    Fp8Rows, PermuteHandle, SyncMode as PlanMode,
+};
+use megamoe_core::quant::quantize_rows;
+use megamoe_core::routing::rng::splitmix64;
+use megamoe_core::routing::{generate_world, RoutingKind, RoutingSpec};
 use megamoe_core::Error;
 
 use crate::error::EpError;
 use crate::layout::{BufferSpec, RowDtype};
-use crate::plan::PermutePlan;
-use crate::reference::{self, SourceRows};
-use crate::routing::{tokens_per_rank, topk_idx, Rng, Routing};
 use crate::world::{bytemuck_bf16, EpConfig, EpWorld, IoRegion, Rows, SyncMode};
 
 /// One named GPU check; `run` returns a one-line summary or the first failure.
@@ -28,6 +33,49 @@ fn small(ranks: usize) -> BufferSpec {
         hidden: 512,
         max_tokens: 256,
         max_pad_multiple: 128,
+    }
+}
+
+/// The routings every check covers (SPEC §8): uniform, Zipf-skewed, masked slots, uneven
+/// token counts.
+#[derive(Clone, Copy, Debug)]
+pub enum Routing {
+    Uniform,
+    Zipf,
+    Masked,
+    Uneven,
+}
+
+impl Routing {
+    pub const ALL: [Routing; 4] = [
+        Routing::Uniform,
+        Routing::Zipf,
+        Routing::Masked,
+        Routing::Uneven,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Routing::Uniform => "uniform",
+            Routing::Zipf => "zipf",
+            Routing::Masked => "masked",
+            Routing::Uneven => "uneven",
+        }
+    }
+
+    /// megamoe-core's generator settings for this routing.
+    pub fn spec(self, seed: u64) -> RoutingSpec {
+        let mut spec = RoutingSpec {
+            seed,
+            ..RoutingSpec::default()
+        };
+        match self {
+            Routing::Uniform => {}
+            Routing::Zipf => spec.kind = RoutingKind::Zipf { exponent: 1.1 },
+            Routing::Masked => spec.masked_ratio = 0.25,
+            Routing::Uneven => spec.uneven_tokens = true,
+        }
+        spec
     }
 }
 
@@ -68,14 +116,8 @@ pub fn gpu_checks() -> Vec<GpuCheck> {
         checks.push(GpuCheck {
             name: format!("ep.bitwise.flash.r2.t4096.{}", dtype_name(dtype)),
             run: Box::new(move || {
-                let spec = BufferSpec {
-                    ranks: 2,
-                    experts: 256,
-                    topk: 6,
-                    hidden: 4096,
-                    max_tokens: 4096,
-                    max_pad_multiple: 128,
-                };
+                let flash = megamoe_core::Preset::by_name("flash").map_err(s)?.shape;
+                let spec = BufferSpec::for_shape(2, &flash, 4096, 128);
                 let world = world(spec, dtype, crate::DEFAULT_NUM_SMS)?;
                 for (seed, routing) in [(1, Routing::Uniform), (2, Routing::Zipf)] {
                     round_trip(&world, routing, 4096, 128, seed)?;
@@ -120,45 +162,148 @@ fn s<E: std::fmt::Display>(e: E) -> String {
     e.to_string()
 }
 
-/// Random inputs of one rank for one round.
+/// Generated inputs of one rank for one round: `rows` are bf16 bytes, or e4m3 codes with
+/// their per-128 scales.
 struct RankData {
     tokens: usize,
     idx: Vec<i32>,
+    x: Vec<bf16>,
     rows: Vec<u8>,
     scales: Vec<f32>,
     probs: Vec<f32>,
 }
 
-fn random_bf16(rng: &mut Rng, n: usize) -> Vec<bf16> {
-    (0..n)
-        .map(|_| bf16::from_f32((rng.unit() * 8.0 - 4.0) as f32))
+impl RankData {
+    fn rows(&self) -> Rows<'_> {
+        if self.scales.is_empty() {
+            Rows::Bf16(&self.x)
+        } else {
+            Rows::Fp8 {
+                data: &self.rows,
+                scales: &self.scales,
+            }
+        }
+    }
+}
+
+/// `n` bf16 values in [−4, 4) from (seed, i).
+fn random_bf16(seed: u64, n: usize) -> Vec<bf16> {
+    (0..n as u64)
+        .map(|i| bf16::from_f32((splitmix64(seed ^ i) >> 40) as f32 / (1 << 21) as f32 - 4.0))
+        .collect()
+}
+
+/// `n` f32 values in [0, 1) from (seed, i).
+fn random_f32(seed: u64, n: usize) -> Vec<f32> {
+    (0..n as u64)
+        .map(|i| (splitmix64(seed ^ i) >> 40) as f32 / (1 << 24) as f32)
         .collect()
 }
 
 fn make_data(world: &EpWorld, routing: Routing, tokens: usize, seed: u64) -> Vec<RankData> {
     let spec = world.config.spec;
-    let dtype = world.config.dtype;
-    let (h, k) = (spec.hidden, spec.topk);
-    tokens_per_rank(routing, spec.ranks, tokens, seed)
+    let generated = generate_world(spec.shape(), spec.ranks, tokens, &routing.spec(seed))
+        .expect("the check's shapes are valid");
+    generated
+        .ranks
         .into_iter()
-        .enumerate()
-        .map(|(r, t)| {
-            let mut rng = Rng::new(seed * 31 + r as u64);
-            let rows = match dtype {
-                RowDtype::Bf16 => bytemuck_bf16(&random_bf16(&mut rng, t * h)).to_vec(),
-                RowDtype::Fp8 => (0..t * h).map(|_| rng.next_u64() as u8).collect(),
+        .map(|r| {
+            let (rows, scales) = match world.config.dtype {
+                RowDtype::Bf16 => (bytemuck_bf16(&r.x).to_vec(), vec![]),
+                RowDtype::Fp8 => {
+                    let f: Vec<f32> = r.x.iter().map(|v| v.to_f32()).collect();
+                    let q = quantize_rows(&f, r.tokens, spec.hidden, 128, 1e-4)
+                        .expect("H is a multiple of 128");
+                    (q.codes, q.scales)
+                }
             };
             RankData {
-                tokens: t,
-                idx: topk_idx(routing, t, spec.experts, k, seed * 131 + r as u64),
+                tokens: r.tokens,
+                idx: r.topk_idx,
+                x: r.x,
                 rows,
-                scales: (0..t * dtype.scales_per_row(h))
-                    .map(|_| rng.unit() as f32)
-                    .collect(),
-                probs: (0..t * k).map(|_| rng.unit() as f32 - 0.25).collect(),
+                scales,
+                probs: r.topk_weights,
             }
         })
         .collect()
+}
+
+/// megamoe-core's dispatch of `data`: per rank the expected rows, scales and probs as bytes,
+/// padded rows per expert, and the handle of the plan.
+struct Expected {
+    rows: Vec<Vec<u8>>,
+    scales: Vec<Vec<u8>>,
+    probs: Vec<Vec<u8>>,
+    tokens_per_expert: Vec<Vec<u32>>,
+    handle: PermuteHandle,
+}
+
+fn expected_dispatch(spec: BufferSpec, data: &[RankData], pad: usize) -> Result<Expected, String> {
+    let shape = spec.shape();
+    let idx: Vec<&[i32]> = data.iter().map(|d| d.idx.as_slice()).collect();
+    let probs: Vec<&[f32]> = data.iter().map(|d| d.probs.as_slice()).collect();
+    let tpe = |v: &[usize]| v.iter().map(|&n| n as u32).collect::<Vec<u32>>();
+    if data.iter().all(|d| d.scales.is_empty()) {
+        let x: Vec<Bf16Rows> = data
+            .iter()
+            .map(|d| Bf16Rows {
+                rows: d.tokens,
+                hidden: spec.hidden,
+                values: d.x.clone(),
+            })
+            .collect();
+        let (out, handle) =
+            dispatch_with_permute(shape, &x, &idx, &probs, pad, PlanMode::Blocking).map_err(s)?;
+        Ok(Expected {
+            rows: out
+                .iter()
+                .map(|o| bytemuck_bf16(&o.rows.values).to_vec())
+                .collect(),
+            scales: out.iter().map(|_| vec![]).collect(),
+            probs: out.iter().map(|o| f32_bytes(&o.probs)).collect(),
+            tokens_per_expert: out.iter().map(|o| tpe(&o.tokens_per_expert)).collect(),
+            handle,
+        })
+    } else {
+        let x: Vec<Fp8Rows> = data
+            .iter()
+            .map(|d| Fp8Rows {
+                rows: d.tokens,
+                hidden: spec.hidden,
+                codes: d.rows.clone(),
+                scales: d.scales.clone(),
+            })
+            .collect();
+        let (out, handle) =
+            dispatch_with_permute(shape, &x, &idx, &probs, pad, PlanMode::Blocking).map_err(s)?;
+        Ok(Expected {
+            rows: out.iter().map(|o| o.rows.codes.clone()).collect(),
+            scales: out.iter().map(|o| f32_bytes(&o.rows.scales)).collect(),
+            probs: out.iter().map(|o| f32_bytes(&o.probs)).collect(),
+            tokens_per_expert: out.iter().map(|o| tpe(&o.tokens_per_expert)).collect(),
+            handle,
+        })
+    }
+}
+
+fn bf16_rows(values: Vec<bf16>, hidden: usize) -> Bf16Rows {
+    Bf16Rows {
+        rows: values.len() / hidden,
+        hidden,
+        values,
+    }
+}
+
+/// Downloads `n` items of `T` from byte `offset` of `buf`.
+fn download<T: megamoe_cuda::Pod + Default>(
+    buf: &megamoe_cuda::DeviceBuffer,
+    offset: usize,
+    n: usize,
+) -> Result<Vec<T>, String> {
+    let mut out = vec![T::default(); n];
+    buf.download_into(offset, &mut out).map_err(s)?;
+    Ok(out)
 }
 
 fn first_diff(what: &str, rank: usize, got: &[u8], want: &[u8], unit: usize) -> Result<(), String> {
@@ -186,7 +331,7 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
 }
 
 /// Dispatch, combine, dispatch's backward and combine's backward of one routing, each compared
-/// bit for bit with the CPU reference.
+/// bit for bit with megamoe-core's reference.
 fn round_trip(
     world: &EpWorld,
     routing: Routing,
@@ -201,22 +346,14 @@ fn round_trip(
     let spr = dtype.scales_per_row(h);
     let data = make_data(world, routing, tokens, seed);
     let ctx = |what: &str| format!("{} pad {pad} seed {seed}: {what}", routing.name());
-    let idx_refs: Vec<&[i32]> = data.iter().map(|d| d.idx.as_slice()).collect();
     let tokens: Vec<usize> = data.iter().map(|d| d.tokens).collect();
-    let plan = PermutePlan::build(&idx_refs, &tokens, spec.experts, k, pad).map_err(s)?;
+    let want = expected_dispatch(spec, &data, pad)?;
+    let handle_ref = &want.handle;
 
     // Forward dispatch.
     for (r, d) in data.iter().enumerate() {
-        let x16 = bf16_of(&d.rows);
-        let rows = match dtype {
-            RowDtype::Bf16 => Rows::Bf16(&x16),
-            RowDtype::Fp8 => Rows::Fp8 {
-                data: &d.rows,
-                scales: &d.scales,
-            },
-        };
         world
-            .upload_inputs(r, d.tokens, rows, &d.idx, &d.probs)
+            .upload_inputs(r, d.tokens, d.rows(), &d.idx, &d.probs)
             .map_err(s)?;
         let b = world.buffer(r);
         b.fill(world.layout.out_rows, spec.max_rows() * row_bytes, POISON)
@@ -231,166 +368,116 @@ fn round_trip(
         .dispatch_with_permute(&tokens, pad, SyncMode::Blocking, &mut handle)
         .map_err(|e| ctx(&e.to_string()))?
         .expect("blocking dispatch reports sizes");
-    let src: Vec<SourceRows> = data
-        .iter()
-        .map(|d| SourceRows {
-            topk_idx: &d.idx,
-            rows: &d.rows,
-            scales: &d.scales,
-            probs: &d.probs,
-        })
-        .collect();
-    let want = reference::dispatch(&plan, row_bytes, spr, &src);
-    for r in 0..ranks {
-        let rows = plan.rows_per_rank[r];
-        if got[r].rows != rows || got[r].tokens_per_expert != want[r].tokens_per_expert {
+    for (r, got_r) in got.iter().enumerate() {
+        let rows = handle_ref.plans[r].output_rows();
+        if got_r.rows != rows || got_r.tokens_per_expert != want.tokens_per_expert[r] {
             return Err(ctx(&format!(
-                "rank {r}: sizes {:?}, expected {rows} rows {:?}",
-                got[r], want[r].tokens_per_expert
+                "rank {r}: sizes {got_r:?}, expected {rows} rows {:?}",
+                want.tokens_per_expert[r]
             )));
         }
         let b = world.buffer(r);
-        first_diff(
+        let check = |what: &str, offset: usize, bytes: usize, want: &[u8], unit: usize| {
+            first_diff(what, r, &download::<u8>(b, offset, bytes)?, want, unit).map_err(|e| ctx(&e))
+        };
+        check(
             "dispatched rows",
-            r,
-            &b.download(world.layout.out_rows, rows * row_bytes)
-                .map_err(s)?,
-            &want[r].rows,
+            world.layout.out_rows,
+            rows * row_bytes,
+            &want.rows[r],
             row_bytes,
-        )
-        .map_err(|e| ctx(&e))?;
-        let sc: Vec<f32> = b.download(world.layout.out_scales, rows * spr).map_err(s)?;
-        first_diff(
+        )?;
+        check(
             "dispatched scales",
-            r,
-            &f32_bytes(&sc),
-            &f32_bytes(&want[r].scales),
+            world.layout.out_scales,
+            rows * spr * 4,
+            &want.scales[r],
             spr * 4,
-        )
-        .map_err(|e| ctx(&e))?;
-        let pr: Vec<f32> = b.download(world.layout.out_probs, rows).map_err(s)?;
-        first_diff(
+        )?;
+        check(
             "dispatched probs",
-            r,
-            &f32_bytes(&pr),
-            &f32_bytes(&want[r].probs),
+            world.layout.out_probs,
+            rows * 4,
+            &want.probs[r],
             4,
-        )
-        .map_err(|e| ctx(&e))?;
+        )?;
     }
 
-    // Combine with the prob-gradient scatter (dispatch's backward; plain combine reads the same rows).
-    let mut rng = Rng::new(seed ^ 0xc0b1);
+    // Combine with the prob-gradient scatter (dispatch's backward; plain combine reads the same
+    // rows and is checked by the graph replay).
     let comb: Vec<Vec<bf16>> = (0..ranks)
-        .map(|r| random_bf16(&mut rng, plan.rows_per_rank[r] * h))
+        .map(|r| random_bf16(seed ^ (0xc0b1 + r as u64), got[r].rows * h))
         .collect();
     let pgrad: Vec<Vec<f32>> = (0..ranks)
-        .map(|r| {
-            (0..plan.rows_per_rank[r])
-                .map(|_| rng.unit() as f32)
-                .collect()
-        })
+        .map(|r| random_f32(seed ^ (0x96ad + r as u64), got[r].rows))
         .collect();
     for r in 0..ranks {
-        world
-            .buffer(r)
-            .upload(world.layout.comb_rows, &comb[r])
+        let b = world.buffer(r);
+        b.upload_at(world.layout.comb_rows, &comb[r]).map_err(s)?;
+        b.upload_at(world.layout.comb_prob_grads, &pgrad[r])
             .map_err(s)?;
-        world
-            .buffer(r)
-            .upload(world.layout.comb_prob_grads, &pgrad[r])
-            .map_err(s)?;
-        world
-            .io(r)
-            .fill(
-                world.io_offset(IoRegion::Y),
-                spec.max_tokens * h * 2,
-                POISON,
-            )
-            .map_err(s)?;
-        world
-            .io(r)
-            .fill(
-                world.io_offset(IoRegion::GradProbs),
-                spec.max_tokens * k * 4,
-                POISON,
-            )
-            .map_err(s)?;
+        let io = world.io(r);
+        io.fill(
+            world.io_offset(IoRegion::Y),
+            spec.max_tokens * h * 2,
+            POISON,
+        )
+        .map_err(s)?;
+        io.fill(
+            world.io_offset(IoRegion::GradProbs),
+            spec.max_tokens * k * 4,
+            POISON,
+        )
+        .map_err(s)?;
     }
     world
         .dispatch_backward(&handle, SyncMode::Blocking)
         .map_err(|e| ctx(&e.to_string()))?;
-    let comb_refs: Vec<&[bf16]> = comb.iter().map(|v| v.as_slice()).collect();
-    let y_want = reference::combine(&plan, &idx_refs, &comb_refs, h);
-    let pg_refs: Vec<&[f32]> = pgrad.iter().map(|v| v.as_slice()).collect();
-    let pg_want = reference::scatter_prob_grads(&plan, &idx_refs, &pg_refs);
-    for r in 0..ranks {
-        let y: Vec<bf16> = world
-            .io(r)
-            .download(world.io_offset(IoRegion::Y), tokens[r] * h)
-            .map_err(s)?;
+    let comb_rows: Vec<Bf16Rows> = comb.iter().map(|v| bf16_rows(v.clone(), h)).collect();
+    let grads = dispatch_backward(&comb_rows, &pgrad, handle_ref).map_err(s)?;
+    for (r, &t) in tokens.iter().enumerate() {
+        let io = world.io(r);
+        let y = download::<u8>(io, world.io_offset(IoRegion::Y), t * h * 2)?;
         first_diff(
             "combined rows",
             r,
-            bytemuck_bf16(&y),
-            bytemuck_bf16(&y_want[r]),
+            &y,
+            bytemuck_bf16(&grads.x[r].values),
             h * 2,
         )
         .map_err(|e| ctx(&e))?;
-        let g: Vec<f32> = world
-            .io(r)
-            .download(world.io_offset(IoRegion::GradProbs), tokens[r] * k)
-            .map_err(s)?;
-        first_diff(
-            "prob gradients",
-            r,
-            &f32_bytes(&g),
-            &f32_bytes(&pg_want[r]),
-            k * 4,
-        )
-        .map_err(|e| ctx(&e))?;
+        let g = download::<u8>(io, world.io_offset(IoRegion::GradProbs), t * k * 4)?;
+        first_diff("prob gradients", r, &g, &f32_bytes(&grads.probs[r]), k * 4)
+            .map_err(|e| ctx(&e))?;
     }
 
     // Combine's backward: dispatch the output gradient along the same routing.
     let gy: Vec<Vec<bf16>> = (0..ranks)
-        .map(|r| random_bf16(&mut rng, tokens[r] * h))
+        .map(|r| random_bf16(seed ^ (0x9e11 + r as u64), tokens[r] * h))
         .collect();
     for (r, g) in gy.iter().enumerate() {
-        world.buffer(r).upload(world.layout.in_rows, g).map_err(s)?;
-        world
-            .buffer(r)
-            .fill(world.layout.out_rows, spec.max_rows() * h * 2, POISON)
+        let b = world.buffer(r);
+        b.upload_at(world.layout.in_rows, g).map_err(s)?;
+        b.fill(world.layout.out_rows, spec.max_rows() * h * 2, POISON)
             .map_err(s)?;
     }
     world
         .combine_backward(&handle, SyncMode::Blocking)
         .map_err(|e| ctx(&e.to_string()))?;
-    let gy_bytes: Vec<Vec<u8>> = gy.iter().map(|v| bytemuck_bf16(v).to_vec()).collect();
-    let ones = vec![0f32; tokens.iter().max().copied().unwrap_or(0) * k];
-    let src: Vec<SourceRows> = (0..ranks)
-        .map(|r| SourceRows {
-            topk_idx: &data[r].idx,
-            rows: &gy_bytes[r],
-            scales: &[],
-            probs: &ones,
-        })
-        .collect();
-    let want = reference::dispatch(&plan, h * 2, 0, &src);
-    for (r, want_r) in want.iter().enumerate() {
-        let got = world
-            .buffer(r)
-            .download(world.layout.out_rows, plan.rows_per_rank[r] * h * 2)
-            .map_err(s)?;
-        first_diff("combine-backward rows", r, &got, &want_r.rows, h * 2).map_err(|e| ctx(&e))?;
+    let gy_rows: Vec<Bf16Rows> = gy.into_iter().map(|v| bf16_rows(v, h)).collect();
+    let want_rows = combine_backward(&gy_rows, handle_ref).map_err(s)?;
+    for (r, want_r) in want_rows.iter().enumerate() {
+        let got = download::<u8>(world.buffer(r), world.layout.out_rows, want_r.rows * h * 2)?;
+        first_diff(
+            "combine-backward rows",
+            r,
+            &got,
+            bytemuck_bf16(&want_r.values),
+            h * 2,
+        )
+        .map_err(|e| ctx(&e))?;
     }
     Ok(())
-}
-
-fn bf16_of(bytes: &[u8]) -> Vec<bf16> {
-    bytes
-        .chunks_exact(2)
-        .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])))
-        .collect()
 }
 
 fn bad_input(spec: BufferSpec) -> Result<String, String> {
@@ -399,7 +486,7 @@ fn bad_input(spec: BufferSpec) -> Result<String, String> {
     let mut handle = world.new_handle().map_err(s)?;
     let upload = |r: usize, idx: &[i32]| {
         let d = &data[r];
-        world.upload_inputs(r, d.tokens, Rows::Bf16(&bf16_of(&d.rows)), idx, &d.probs)
+        world.upload_inputs(r, d.tokens, d.rows(), idx, &d.probs)
     };
     let tokens = vec![64; spec.ranks];
     let expect = |what: &str,
@@ -439,10 +526,7 @@ fn bad_input(spec: BufferSpec) -> Result<String, String> {
         },
     )?;
     // Nothing moved: the poisoned output is untouched.
-    let out = world
-        .buffer(0)
-        .download::<u8>(world.layout.out_rows, 4096)
-        .map_err(s)?;
+    let out = download::<u8>(world.buffer(0), world.layout.out_rows, 4096)?;
     if out.iter().any(|&b| b != POISON) {
         return Err("rows were written although the input was rejected".into());
     }
@@ -515,7 +599,7 @@ fn overflow(spec: BufferSpec) -> Result<String, String> {
     let data = make_data(&world, Routing::Uniform, 128, 8);
     for (r, d) in data.iter().enumerate() {
         world
-            .upload_inputs(r, d.tokens, Rows::Bf16(&bf16_of(&d.rows)), &d.idx, &d.probs)
+            .upload_inputs(r, d.tokens, d.rows(), &d.idx, &d.probs)
             .map_err(s)?;
     }
     let tokens = vec![128; spec.ranks];
@@ -544,7 +628,7 @@ fn overflow(spec: BufferSpec) -> Result<String, String> {
 /// routings and rows: every replay bitwise equal to the reference.
 fn graph_replay(spec: BufferSpec) -> Result<String, String> {
     let world = world(spec, RowDtype::Bf16, 16)?;
-    let (h, k, ranks) = (spec.hidden, spec.topk, spec.ranks);
+    let (h, ranks) = (spec.hidden, spec.ranks);
     let tokens = vec![200; ranks];
     let bound = SyncMode::NonBlocking {
         row_bound: spec.max_rows(),
@@ -562,24 +646,21 @@ fn graph_replay(spec: BufferSpec) -> Result<String, String> {
         (43, Routing::Masked),
     ] {
         let data = make_data(&world, routing, 200, seed);
-        let idx_refs: Vec<&[i32]> = data.iter().map(|d| d.idx.as_slice()).collect();
-        let plan = PermutePlan::build(&idx_refs, &tokens, spec.experts, k, 16).map_err(s)?;
-        let mut rng = Rng::new(seed);
+        let want = expected_dispatch(spec, &data, 16)?;
         let comb: Vec<Vec<bf16>> = (0..ranks)
-            .map(|r| random_bf16(&mut rng, plan.rows_per_rank[r] * h))
+            .map(|r| {
+                let rows = want.handle.plans[r].output_rows();
+                random_bf16(seed ^ (0xc0b1 + r as u64), rows * h)
+            })
             .collect();
         for (r, d) in data.iter().enumerate() {
             world
-                .upload_inputs(r, d.tokens, Rows::Bf16(&bf16_of(&d.rows)), &d.idx, &d.probs)
+                .upload_inputs(r, d.tokens, d.rows(), &d.idx, &d.probs)
                 .map_err(s)?;
-            world
-                .buffer(r)
-                .fill(world.layout.out_rows, spec.max_rows() * h * 2, POISON)
+            let b = world.buffer(r);
+            b.fill(world.layout.out_rows, spec.max_rows() * h * 2, POISON)
                 .map_err(s)?;
-            world
-                .buffer(r)
-                .upload(world.layout.comb_rows, &comb[r])
-                .map_err(s)?;
+            b.upload_at(world.layout.comb_rows, &comb[r]).map_err(s)?;
             world
                 .io(r)
                 .fill(
@@ -591,34 +672,18 @@ fn graph_replay(spec: BufferSpec) -> Result<String, String> {
         }
         world.replay(&graph).map_err(s)?;
         world.sync().map_err(|e| format!("replay {seed}: {e}"))?;
-        let src: Vec<SourceRows> = data
-            .iter()
-            .map(|d| SourceRows {
-                topk_idx: &d.idx,
-                rows: &d.rows,
-                scales: &[],
-                probs: &d.probs,
-            })
-            .collect();
-        let want = reference::dispatch(&plan, h * 2, 0, &src);
-        let comb_refs: Vec<&[bf16]> = comb.iter().map(|v| v.as_slice()).collect();
-        let y_want = reference::combine(&plan, &idx_refs, &comb_refs, h);
-        for r in 0..ranks {
-            let got = world
-                .buffer(r)
-                .download(world.layout.out_rows, plan.rows_per_rank[r] * h * 2)
-                .map_err(s)?;
-            first_diff("replayed dispatch rows", r, &got, &want[r].rows, h * 2)
+        let comb_rows: Vec<Bf16Rows> = comb.into_iter().map(|v| bf16_rows(v, h)).collect();
+        let y_want = combine_with_unpermute(&comb_rows, &want.handle).map_err(s)?;
+        for (r, y_want_r) in y_want.iter().enumerate() {
+            let got = download::<u8>(world.buffer(r), world.layout.out_rows, want.rows[r].len())?;
+            first_diff("replayed dispatch rows", r, &got, &want.rows[r], h * 2)
                 .map_err(|e| format!("replay {seed}: {e}"))?;
-            let y: Vec<bf16> = world
-                .io(r)
-                .download(world.io_offset(IoRegion::Y), 200 * h)
-                .map_err(s)?;
+            let y = download::<u8>(world.io(r), world.io_offset(IoRegion::Y), 200 * h * 2)?;
             first_diff(
                 "replayed combine",
                 r,
-                bytemuck_bf16(&y),
-                bytemuck_bf16(&y_want[r]),
+                &y,
+                bytemuck_bf16(&y_want_r.values),
                 h * 2,
             )
             .map_err(|e| format!("replay {seed}: {e}"))?;
@@ -648,12 +713,12 @@ fn missing_rank(spec: BufferSpec) -> Result<String, String> {
         )
         .map_err(s)?;
     match world.sync() {
-        Err(EpError::Timeout {
+        Err(EpError::Runtime(megamoe_cuda::Error::WaitTimeout {
             rank: 0,
             peer: 1,
             wait: "dispatch ready",
             ..
-        }) if start.elapsed().as_secs_f64() < 2.0 => Ok(format!(
+        })) if start.elapsed().as_secs_f64() < 2.0 => Ok(format!(
             "rank 0 reported the missing rank 1 after {:.2} s",
             start.elapsed().as_secs_f64()
         )),

@@ -1,17 +1,20 @@
-//! The expert-parallel world of one process: every rank's GPU, stream and symmetric buffer, and
-//! the calls of SPEC §5 on all ranks at once (each rank's launch on its own stream).
+//! The expert-parallel world of one process: megamoe-cuda's [`World`] (one stream per rank,
+//! virtual ranks when ranks outnumber GPUs), one symmetric buffer, and the calls of SPEC §5 on
+//! all ranks at once. Every call is asynchronous per rank, so one host thread queues each
+//! rank's launch on that rank's stream and a blocking call then waits for every stream; modules
+//! are loaded and buffers allocated once, in [`EpWorld::new`].
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use megamoe_core::routing::check_topk_idx;
 use megamoe_core::Error;
+use megamoe_cuda::wait::{deadline_ns, DEFAULT_DEADLINE};
+use megamoe_cuda::{jit, DeviceBuffer, Graph, Kernel, LaunchConfig, Rank, SymmetricBuffer, World};
 
 use crate::error::EpError;
-use crate::gpu::{compile, gpu_count, Cubin, DevBuf, Gpu, Graph, Stream};
 use crate::layout::{BufferLayout, BufferSpec, HandleLayout, RowDtype, MAX_RANKS};
-use crate::params::{self, CombineParams, DispatchParams, ErrorRecord, Layout};
-use crate::plan::validate_topk;
-
-const THREADS: u32 = 512;
+use crate::params::{self, CombineParams, DispatchParams, ErrorRecord, Layout, THREADS};
 
 /// How a call synchronizes with the host.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,8 +34,6 @@ pub struct EpConfig {
     pub num_sms: usize,
     /// Budget of every device-side wait.
     pub deadline: Duration,
-    /// Physical GPUs to spread the ranks over (rank r runs on GPU r mod gpus); None = all.
-    pub gpus: Option<usize>,
 }
 
 /// Default SMs per rank for dispatch and combine (measured: docs/PERF.md).
@@ -44,8 +45,7 @@ impl EpConfig {
             spec,
             dtype,
             num_sms: DEFAULT_NUM_SMS,
-            deadline: Duration::from_secs(5),
-            gpus: None,
+            deadline: DEFAULT_DEADLINE,
         }
     }
 }
@@ -73,16 +73,9 @@ pub struct RankPtrs {
     pub grad_probs: u64,
 }
 
-struct Rank {
-    gpu: usize,
-    stream: Stream,
-    buf: DevBuf,
-    io: DevBuf,
-}
-
 /// Per-rank routing state of one dispatch, reused by its combine and both backwards.
 pub struct Handle {
-    blocks: Vec<DevBuf>,
+    blocks: Vec<DeviceBuffer>,
     tokens: Vec<usize>,
     ready: bool,
 }
@@ -104,9 +97,16 @@ pub struct EpWorld {
     pub layout: BufferLayout,
     hlayout: HandleLayout,
     io_offsets: [usize; 4],
-    gpus: Vec<Gpu>,
-    ranks: Vec<Rank>,
-    pub compile_log: String,
+    world: World,
+    /// The symmetric buffer every rank's kernels read and write (layout: [`BufferLayout`]).
+    buffers: SymmetricBuffer,
+    /// Each rank's local inputs and outputs (layout: [`IoRegion`]).
+    io: Vec<DeviceBuffer>,
+    dispatch: Vec<Arc<Kernel>>,
+    combine: Vec<Arc<Kernel>>,
+    pub(crate) gather: Vec<Arc<Kernel>>,
+    /// ptxas's registers/spills of the kernels.
+    pub compile_report: String,
 }
 
 impl EpWorld {
@@ -124,22 +124,16 @@ impl EpWorld {
                 value("num_sms", "0", "must be at least 1"),
             ));
         }
-        let visible = gpu_count()?;
-        if visible == 0 {
-            return Err(EpError::NoGpu("no CUDA device found".into()));
-        }
-        let ngpu = config.gpus.unwrap_or(visible).min(visible).min(spec.ranks);
-        let cubin: &Cubin = compile()?;
-        let gpus = (0..ngpu)
-            .map(|g| Gpu::new(g, cubin))
-            .collect::<Result<Vec<_>, _>>()?;
-        for a in &gpus {
-            for b in &gpus {
-                if a.ordinal != b.ordinal {
-                    a.enable_peer_access(b)?;
-                }
-            }
-        }
+        let world = World::with_deadline(spec.ranks, config.deadline)?;
+        let mut compile_report = String::new();
+        let mut load = |spec: megamoe_cuda::KernelSpec| -> Result<Vec<Arc<Kernel>>, EpError> {
+            let compiled = jit::compile(&spec)?;
+            compile_report += &format!("{}: {}\n", compiled.name, compiled.report);
+            Ok(world.load(&compiled)?)
+        };
+        let dispatch = load(params::dispatch_kernel())?;
+        let combine = load(params::combine_kernel())?;
+        let gather = load(params::gather_kernel())?;
         let layout = BufferLayout::new(&spec);
         let hlayout = HandleLayout::new(&spec);
         let (t, k, h) = (spec.max_tokens, spec.topk, spec.hidden);
@@ -152,42 +146,38 @@ impl EpWorld {
             io_offsets[i] = io_bytes;
             io_bytes += bytes.div_ceil(256) * 256;
         }
-        let mut ranks = Vec::with_capacity(spec.ranks);
-        for r in 0..spec.ranks {
-            let gpu = &gpus[r % ngpu];
-            let buf = DevBuf::new(gpu, layout.size)?;
-            buf.fill(0, layout.sync_bytes(), 0)?;
-            buf.fill(layout.error, 32, 0)?;
-            let io = DevBuf::new(gpu, io_bytes)?;
-            ranks.push(Rank {
-                gpu: r % ngpu,
-                stream: Stream::new(gpu)?,
-                buf,
-                io,
-            });
-        }
+        let buffers = world.alloc_symmetric(layout.size)?;
+        let io = world
+            .ranks()
+            .iter()
+            .map(|r| r.gpu.alloc(io_bytes))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(EpWorld {
             config,
             layout,
             hlayout,
             io_offsets,
-            gpus,
-            ranks,
-            compile_log: cubin.log.clone(),
+            world,
+            buffers,
+            io,
+            dispatch,
+            combine,
+            gather,
+            compile_report,
         })
     }
 
     pub fn ranks(&self) -> usize {
-        self.ranks.len()
+        self.world.size()
     }
 
     pub fn physical_gpus(&self) -> usize {
-        self.gpus.len()
+        self.world.gpu_count()
     }
 
     pub fn ptrs(&self, rank: usize) -> RankPtrs {
-        let b = self.ranks[rank].buf.ptr;
-        let io = self.ranks[rank].io.ptr;
+        let b = self.buffers.ptr(rank);
+        let io = self.io[rank].ptr();
         let l = &self.layout;
         RankPtrs {
             x: b + l.in_rows as u64,
@@ -205,20 +195,18 @@ impl EpWorld {
     }
 
     /// The rank's symmetric buffer and its local in/out block, for uploads and downloads.
-    pub fn buffer(&self, rank: usize) -> &DevBuf {
-        &self.ranks[rank].buf
+    pub fn buffer(&self, rank: usize) -> &DeviceBuffer {
+        self.buffers.local(rank)
     }
-    pub fn io(&self, rank: usize) -> &DevBuf {
-        &self.ranks[rank].io
+    pub fn io(&self, rank: usize) -> &DeviceBuffer {
+        &self.io[rank]
     }
     pub fn io_offset(&self, which: IoRegion) -> usize {
         self.io_offsets[which as usize]
     }
-    pub fn stream(&self, rank: usize) -> &Stream {
-        &self.ranks[rank].stream
-    }
-    pub fn gpu_of(&self, rank: usize) -> &Gpu {
-        &self.gpus[self.ranks[rank].gpu]
+    /// Rank `rank` of the runtime's world: its GPU handle (stream, timers) and wait record.
+    pub fn rank(&self, rank: usize) -> &Rank {
+        &self.world.ranks()[rank]
     }
 
     /// Uploads one rank's dispatch inputs from the host (rows checked against the buffer's dtype).
@@ -262,17 +250,20 @@ impl EpWorld {
                 return bad(Error::Length { arg, got, expected });
             }
         }
-        let r = &self.ranks[rank];
-        r.buf.upload(self.layout.in_rows, bytes)?;
-        r.buf.upload(self.layout.in_scales, scales)?;
-        r.io.upload(self.io_offsets[0], topk_idx)?;
-        r.io.upload(self.io_offsets[1], probs)?;
+        let buf = self.buffer(rank);
+        buf.upload_at(self.layout.in_rows, bytes)?;
+        buf.upload_at(self.layout.in_scales, scales)?;
+        self.io[rank].upload_at(self.io_offsets[0], topk_idx)?;
+        self.io[rank].upload_at(self.io_offsets[1], probs)?;
         Ok(())
     }
 
     pub fn new_handle(&self) -> Result<Handle, EpError> {
-        let blocks = (0..self.ranks())
-            .map(|r| DevBuf::new(self.gpu_of(r), self.hlayout.size))
+        let blocks = self
+            .world
+            .ranks()
+            .iter()
+            .map(|r| r.gpu.alloc(self.hlayout.size))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Handle {
             blocks,
@@ -285,13 +276,14 @@ impl EpWorld {
         let s = &self.config.spec;
         let (l, h) = (&self.layout, &self.hlayout);
         let mut peer_base = [0u64; MAX_RANKS];
-        for (p, r) in peer_base.iter_mut().zip(&self.ranks) {
-            *p = r.buf.ptr;
+        for (r, p) in peer_base.iter_mut().enumerate().take(s.ranks) {
+            *p = self.buffers.ptr(r);
         }
         Layout {
             peer_base,
-            handle: handle.blocks[rank].ptr,
-            deadline_ns: self.config.deadline.as_nanos() as u64,
+            handle: handle.blocks[rank].ptr(),
+            deadline_ns: deadline_ns(self.config.deadline),
+            wait_record: self.rank(rank).wait_record(),
             off_epochs: l.epochs as u64,
             off_signals: l.signals as u64,
             off_status: l.status as u64,
@@ -365,7 +357,8 @@ impl EpWorld {
         let row_bound = self.row_bound(mode)?;
         let dtype = self.config.dtype;
         let (row_bytes, spr) = (dtype.row_bytes(s.hidden), dtype.scales_per_row(s.hidden));
-        self.launch_dispatch(
+        self.launch_dispatch_on(
+            0..self.ranks(),
             tokens,
             pad_multiple,
             row_bytes,
@@ -383,13 +376,13 @@ impl EpWorld {
         let out = (0..self.ranks())
             .map(|r| {
                 let b = &handle.blocks[r];
+                let mut rows = [0i32];
+                b.download_into(self.hlayout.total_rows, &mut rows)?;
+                let mut padded = vec![0i32; s.local_experts()];
+                b.download_into(self.hlayout.padded, &mut padded)?;
                 Ok(Dispatched {
-                    rows: b.download::<i32>(self.hlayout.total_rows, 1)?[0] as usize,
-                    tokens_per_expert: b
-                        .download::<i32>(self.hlayout.padded, s.local_experts())?
-                        .into_iter()
-                        .map(|v| v as u32)
-                        .collect(),
+                    rows: rows[0] as usize,
+                    tokens_per_expert: padded.into_iter().map(|v| v as u32).collect(),
                 })
             })
             .collect::<Result<Vec<_>, EpError>>()?;
@@ -415,12 +408,9 @@ impl EpWorld {
                 with_prob_grads: prob_grads as i32,
                 ..Default::default()
             };
-            // SAFETY: the kernel takes exactly this parameter struct; its addresses are live buffers.
-            unsafe {
-                self.ranks[r]
-                    .stream
-                    .launch(self.gpu_of(r).combine, self.grid(), THREADS, &p)
-            }?;
+            self.rank(r)
+                .gpu
+                .launch(&self.combine[r], &self.launch_config(), &p)?;
         }
         if mode == SyncMode::Blocking {
             self.sync()?;
@@ -440,7 +430,8 @@ impl EpWorld {
         self.check_handle(handle)?;
         let s = &self.config.spec;
         let tokens = handle.tokens.clone();
-        self.launch_dispatch(
+        self.launch_dispatch_on(
+            0..self.ranks(),
             &tokens,
             1,
             s.hidden * 2,
@@ -468,7 +459,8 @@ impl EpWorld {
         let s = &self.config.spec;
         let dtype = self.config.dtype;
         let (row_bytes, spr) = (dtype.row_bytes(s.hidden), dtype.scales_per_row(s.hidden));
-        self.launch_dispatch(
+        self.launch_dispatch_on(
+            0..self.ranks(),
             tokens,
             pad_multiple,
             row_bytes,
@@ -479,30 +471,7 @@ impl EpWorld {
         )
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn launch_dispatch(
-        &self,
-        tokens: &[usize],
-        pad_multiple: usize,
-        row_bytes: usize,
-        scales_per_row: usize,
-        row_bound: usize,
-        mode: i32,
-        handle: &Handle,
-    ) -> Result<(), EpError> {
-        self.launch_dispatch_on(
-            0..self.ranks(),
-            tokens,
-            pad_multiple,
-            row_bytes,
-            scales_per_row,
-            row_bound,
-            mode,
-            handle,
-        )
-    }
-
-    /// Launches the dispatch kernel on some ranks only (the deadline check leaves one out).
+    /// Launches the dispatch kernel on `ranks` (all of them, except in the deadline check).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn launch_dispatch_on(
         &self,
@@ -528,12 +497,9 @@ impl EpWorld {
                 mode,
                 ..Default::default()
             };
-            // SAFETY: the kernel takes exactly this parameter struct; its addresses are live buffers.
-            unsafe {
-                self.ranks[r]
-                    .stream
-                    .launch(self.gpu_of(r).dispatch, self.grid(), THREADS, &p)
-            }?;
+            self.rank(r)
+                .gpu
+                .launch(&self.dispatch[r], &self.launch_config(), &p)?;
         }
         Ok(())
     }
@@ -545,14 +511,15 @@ impl EpWorld {
         &self,
         calls: impl FnOnce(&EpWorld) -> Result<(), EpError>,
     ) -> Result<WorldGraph, EpError> {
-        for r in &self.ranks {
-            r.stream.begin_capture()?;
+        for r in self.world.ranks() {
+            r.gpu.begin_capture()?;
         }
         let result = calls(self);
         let graphs = self
-            .ranks
+            .world
+            .ranks()
             .iter()
-            .map(|r| r.stream.end_capture())
+            .map(|r| r.gpu.end_capture())
             .collect::<Result<Vec<_>, _>>()?;
         result?;
         Ok(WorldGraph { graphs })
@@ -560,14 +527,15 @@ impl EpWorld {
 
     /// Launches a captured graph on every rank's stream (non-blocking; errors at [`Self::sync`]).
     pub fn replay(&self, graph: &WorldGraph) -> Result<(), EpError> {
-        for (r, g) in self.ranks.iter().zip(&graph.graphs) {
-            r.stream.launch_graph(g)?;
+        for (r, g) in self.world.ranks().iter().zip(&graph.graphs) {
+            r.gpu.launch_graph(g)?;
         }
         Ok(())
     }
 
-    fn grid(&self) -> u32 {
-        self.config.num_sms as u32
+    /// One block per SM the call may use.
+    fn launch_config(&self) -> LaunchConfig {
+        LaunchConfig::new(self.config.num_sms as u32, THREADS)
     }
 
     fn check_tokens(&self, tokens: &[usize]) -> Result<(), EpError> {
@@ -607,22 +575,26 @@ impl EpWorld {
     }
 
     /// Waits for every rank's stream, then reports the first failure of the calls since the last
-    /// sync (rank order), clearing recoverable ones.
+    /// sync (rank order): a wait past its deadline (the world must then be rebuilt), else a call
+    /// the device rejected (cleared: the world stays usable).
     pub fn sync(&self) -> Result<(), EpError> {
-        for r in &self.ranks {
-            r.stream.synchronize()?;
+        for r in self.world.ranks() {
+            r.gpu.synchronize()?;
+        }
+        for r in self.world.ranks() {
+            r.check_waits()?;
         }
         let mut first = None;
-        for (rank, r) in self.ranks.iter().enumerate() {
-            let rec = r.buf.download::<ErrorRecord>(self.layout.error, 1)?[0];
-            if rec.code == params::ERR_OK {
+        for rank in 0..self.ranks() {
+            let mut rec = [ErrorRecord::default()];
+            self.buffer(rank)
+                .download_into(self.layout.error, &mut rec)?;
+            if rec[0].code == params::ERR_OK {
                 continue;
             }
-            if rec.code != params::ERR_TIMEOUT {
-                r.buf.fill(self.layout.error, 32, 0)?;
-            }
+            self.buffer(rank).fill(self.layout.error, 32, 0)?;
             if first.is_none() {
-                first = Some(self.describe(rank, rec)?);
+                first = Some(self.describe(rank, rec[0])?);
             }
         }
         first.map_or(Ok(()), Err)
@@ -631,21 +603,6 @@ impl EpWorld {
     fn describe(&self, rank: usize, rec: ErrorRecord) -> Result<EpError, EpError> {
         let s = &self.config.spec;
         Ok(match rec.code {
-            params::ERR_TIMEOUT => EpError::Timeout {
-                rank,
-                wait: [
-                    "dispatch ready",
-                    "dispatch done",
-                    "combine ready",
-                    "combine done",
-                ]
-                .get(rec.what as usize)
-                .copied()
-                .unwrap_or("unknown"),
-                peer: rec.peer as usize,
-                seen: rec.seen,
-                expected: rec.expected,
-            },
             params::ERR_OVERFLOW => EpError::Overflow {
                 rank,
                 needed: rec.seen,
@@ -656,10 +613,9 @@ impl EpWorld {
                 // here to report it exactly as the host check would.
                 let src = rec.peer as usize;
                 let t = (rec.what >> 1) as usize / s.topk;
-                let row: Vec<i32> = self.ranks[src]
-                    .io
-                    .download(self.io_offsets[0] + t * s.topk * 4, s.topk)?;
-                let err = validate_topk("topk_idx", &row, 1, s.topk, s.experts)
+                let mut row = vec![0i32; s.topk];
+                self.io[src].download_into(self.io_offsets[0] + t * s.topk * 4, &mut row)?;
+                let err = check_topk_idx("topk_idx", s.shape(), &row)
                     .err()
                     .map(|e| with_row(e, t))
                     .unwrap_or_else(|| {
@@ -671,7 +627,10 @@ impl EpWorld {
                     });
                 EpError::input(src, err)
             }
-            other => EpError::Cuda(format!("rank {rank}: unknown device error code {other}")),
+            other => EpError::Runtime(megamoe_cuda::Error::Invalid {
+                arg: "error record",
+                reason: format!("rank {rank}: unknown device error code {other}"),
+            }),
         })
     }
 }

@@ -25,30 +25,38 @@ enum Command {
     Run(cmd::run::RunArgs),
     /// Symmetric-buffer sizes (split vs fused) and the schedule of one preset.
     Plan(cmd::plan::PlanArgs),
-    /// Benchmarks.
-    Bench {
-        #[command(subcommand)]
-        what: Bench,
-    },
-    /// The GPU checks (bitwise against the CPU reference); says so when no GPU is present.
+    /// Run every GPU check the binary holds and print pass/fail per check.
     Selftest(cmd::selftest::Args),
+    /// List GPUs, peer access, library versions and the JIT cache.
+    Info(cmd::info::Args),
+    /// Benchmarks next to their floors.
+    #[command(subcommand)]
+    Bench(Bench),
 }
 
 #[derive(Subcommand)]
 enum Bench {
+    /// FP8 grouped GEMM (L1 or L2 of one MoE layer) with the floor and DeepGEMM's time.
+    Gemm(cmd::bench_gemm::BenchGemmArgs),
+    /// NVLink exchange between GPUs 0 and 1: pull and push GB/s, one and both directions.
+    Nvlink(cmd::bench_nvlink::Args),
+    /// bf16 -> e4m3 per-128 quantization against the HBM floor.
+    Quant(cmd::bench_quant::Args),
     /// Dispatch and combine with fused permute, against the NCCL all-to-all path.
     Dispatch(cmd::bench_dispatch::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result: Result<(), Box<dyn std::error::Error>> = match cli.command {
-        Command::Run(args) => cmd::run::run(&args),
-        Command::Plan(args) => cmd::plan::run(&args),
-        Command::Bench {
-            what: Bench::Dispatch(args),
-        } => cmd::bench_dispatch::run(args),
+    let result = match &cli.command {
+        Command::Run(args) => cmd::run::run(args),
+        Command::Plan(args) => cmd::plan::run(args),
         Command::Selftest(args) => cmd::selftest::run(args),
+        Command::Info(args) => cmd::info::run(args),
+        Command::Bench(Bench::Gemm(args)) => cmd::bench_gemm::run(args),
+        Command::Bench(Bench::Nvlink(args)) => cmd::bench_nvlink::run(args),
+        Command::Bench(Bench::Quant(args)) => cmd::bench_quant::run(args),
+        Command::Bench(Bench::Dispatch(args)) => cmd::bench_dispatch::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

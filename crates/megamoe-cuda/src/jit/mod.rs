@@ -298,6 +298,12 @@ pub fn compile_all_clean(
 /// a failure too (with the command that installs it), never a silent pass.
 pub fn assert_compiles_clean(specs: &[KernelSpec]) {
     assert!(!specs.is_empty(), "no kernel configurations given");
+    if let Err(e) = probe::nvrtc() {
+        panic!(
+            "cannot compile the {} kernel configurations: {e}",
+            specs.len()
+        );
+    }
     match compile_all_clean(specs) {
         Ok(kernels) => {
             for k in kernels {

@@ -2,12 +2,13 @@
 //! (CUDA events around every call, warm-up, median of ≥ 20 calls per observation, arms
 //! interleaved A B / B A / A B in one process; per call the slowest rank counts).
 
+use megamoe_core::permute::{plan_permute, PermuteHandle, SyncMode as PlanMode};
+use megamoe_core::routing::generate_world;
 use megamoe_core::Preset;
 use megamoe_ep::baseline::NcclBaseline;
 use megamoe_ep::layout::{BufferSpec, RowDtype};
-use megamoe_ep::plan::PermutePlan;
-use megamoe_ep::routing::{tokens_per_rank, topk_idx, Routing};
-use megamoe_ep::{gpu::Event, EpConfig, EpWorld, Handle, SyncMode};
+use megamoe_ep::selftest::Routing;
+use megamoe_ep::{EpConfig, EpWorld, Handle, SyncMode};
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct Args {
@@ -47,7 +48,7 @@ struct Arm {
     rounds: Vec<f64>,
 }
 
-pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let shape = Preset::by_name(&args.preset)?.shape;
     let dtype = match args.dtype.as_str() {
         "bf16" => RowDtype::Bf16,
@@ -63,14 +64,7 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 args.routing
             )
         })?;
-    let spec = BufferSpec {
-        ranks: args.ranks,
-        experts: shape.experts,
-        topk: shape.topk,
-        hidden: shape.hidden,
-        max_tokens: args.tokens,
-        max_pad_multiple: args.pad_multiple,
-    };
+    let spec = BufferSpec::for_shape(args.ranks, &shape, args.tokens, args.pad_multiple);
     let mut world = EpWorld::new(EpConfig::new(spec, dtype))?;
     println!(
         "bench dispatch: preset {} (H {} E {} K {}), {} ranks on {} GPU(s), {} tokens/rank, {:?}, {} routing, pad {}, symmetric buffer {:.0} MiB/rank",
@@ -78,26 +72,10 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         routing.name(), args.pad_multiple, world.layout.size as f64 / (1 << 20) as f64
     );
 
-    let tokens = tokens_per_rank(routing, args.ranks, args.tokens, 1);
-    let idx: Vec<Vec<i32>> = (0..args.ranks)
-        .map(|r| {
-            topk_idx(
-                routing,
-                tokens[r],
-                shape.experts,
-                shape.topk,
-                100 + r as u64,
-            )
-        })
-        .collect();
-    let idx_refs: Vec<&[i32]> = idx.iter().map(|v| v.as_slice()).collect();
-    let plan = PermutePlan::build(
-        &idx_refs,
-        &tokens,
-        shape.experts,
-        shape.topk,
-        args.pad_multiple,
-    )?;
+    let generated = generate_world(spec.shape(), args.ranks, args.tokens, &routing.spec(1))?;
+    let tokens: Vec<usize> = generated.ranks.iter().map(|r| r.tokens).collect();
+    let idx: Vec<Vec<i32>> = generated.ranks.into_iter().map(|r| r.topk_idx).collect();
+    let plan = plan_permute(spec.shape(), &idx, args.pad_multiple, PlanMode::Blocking)?;
     let rb = dtype.row_bytes(shape.hidden) + dtype.scales_per_row(shape.hidden) * 4;
     let probs = vec![0.5f32; args.tokens * shape.topk];
     for r in 0..args.ranks {
@@ -130,10 +108,14 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         world.dispatch_with_permute(&tokens, args.pad_multiple, SyncMode::Blocking, &mut handle)?;
         b.dispatch(&world, true)?;
         world.sync()?;
-        let same = (0..args.ranks).all(|r| {
-            let rows = plan.rows_per_rank[r] * dtype.row_bytes(shape.hidden);
-            matches!((b.output(r), world.buffer(r).download::<u8>(world.layout.out_rows, rows)), (Ok(a), Ok(c)) if a == c)
-        });
+        let mut same = true;
+        for r in 0..args.ranks {
+            let mut ours = vec![0u8; plan.plans[r].output_rows() * dtype.row_bytes(shape.hidden)];
+            world
+                .buffer(r)
+                .download_into(world.layout.out_rows, &mut ours)?;
+            same &= b.output(r)? == ours;
+        }
         println!("NCCL baseline output identical to dispatch_with_permute: {same}");
     }
     println!("| SMs | arm | µs median | per-round min–max | NVLink MB/GPU | GB/s per GPU | floor µs | × floor |");
@@ -257,15 +239,17 @@ pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
 /// HBM, unpermuted dispatch HBM). Dispatch pulls each remote token once per rank it goes to and
 /// writes every row (padding included); combine pulls every remote copy of its tokens' rows.
 fn traffic(
-    plan: &PermutePlan,
+    plan: &PermuteHandle,
     idx: &[Vec<i32>],
     hidden: usize,
     row_bytes: usize,
 ) -> (f64, f64, f64, f64, f64) {
-    let (r, k, el) = (plan.ranks, plan.topk, plan.local_experts());
+    let (r, k) = (plan.num_ranks(), plan.topk);
+    let el = plan.experts / r;
     let (mut dn, mut dh, mut cn, mut ch, mut ah) = (0f64, 0f64, 0f64, 0f64, 0f64);
     for d in 0..r {
-        let (mut nvl, mut hbm, mut alone) = (0usize, plan.rows_per_rank[d] * row_bytes, 0usize);
+        let (mut nvl, mut hbm, mut alone) =
+            (0usize, plan.plans[d].output_rows() * row_bytes, 0usize);
         let (mut cnvl, mut chbm) = (0usize, plan.tokens[d] * hidden * 2);
         for (s, s_idx) in idx.iter().enumerate() {
             for slots in s_idx.chunks_exact(k).take(plan.tokens[s]) {
@@ -330,28 +314,29 @@ fn time_arm(
     for _ in 0..3 {
         call(handle)?;
     }
-    let events = (0..iters)
+    let timers = (0..iters)
         .map(|_| {
             (0..ranks)
-                .map(|r| Ok((Event::new(world.gpu_of(r))?, Event::new(world.gpu_of(r))?)))
-                .collect::<Result<Vec<_>, megamoe_ep::EpError>>()
+                .map(|r| world.rank(r).gpu.timer())
+                .collect::<Result<Vec<_>, _>>()
         })
         .collect::<Result<Vec<_>, _>>()?;
-    for ev in &events {
-        for (r, (a, _)) in ev.iter().enumerate() {
-            world.stream(r).record(a)?;
+    for call_timers in &timers {
+        for t in call_timers {
+            t.start()?;
         }
         call(handle)?;
-        for (r, (_, b)) in ev.iter().enumerate() {
-            world.stream(r).record(b)?;
+        for t in call_timers {
+            t.stop()?;
         }
     }
     world.sync()?;
-    let mut per_call = events
+    let mut per_call = timers
         .iter()
-        .map(|ev| {
-            ev.iter()
-                .map(|(a, b)| a.elapsed_ms(b).map(|ms| ms as f64 * 1e3))
+        .map(|call_timers| {
+            call_timers
+                .iter()
+                .map(|t| t.elapsed_ms().map(|ms| ms as f64 * 1e3))
                 .try_fold(0f64, |m, t| t.map(|t| m.max(t)))
         })
         .collect::<Result<Vec<_>, _>>()?;

@@ -1,54 +1,64 @@
-//! `megamoe selftest`: the GPU checks, each with its verdict; fails if any fails.
+//! `megamoe selftest`: every GPU check the binary holds (the runtime's, the grouped GEMM's,
+//! then dispatch/combine's), pass/fail per check.
 
+use megamoe_cuda::Gpu;
 use std::time::Instant;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Only checks whose name contains this.
+    /// Run only the checks whose name contains this text.
     #[arg(long)]
-    pub filter: Option<String>,
+    pub only: Option<String>,
 }
 
-pub fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    if let Err(e) = megamoe_ep::gpu::gpu_count().and_then(|n| {
-        if n == 0 {
-            Err(megamoe_ep::EpError::NoGpu("no device".into()))
-        } else {
-            Ok(n)
+type CheckFn = Box<dyn Fn() -> Result<String, String>>;
+
+pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    match megamoe_cuda::device_count() {
+        Ok(0) => {
+            return Err("no GPU: `megamoe selftest` needs a CUDA GPU (none is visible)".into())
         }
-    }) {
-        println!("selftest: no GPU present ({e}); GPU checks not run");
-        return Ok(());
+        Err(e) => return Err(format!("no GPU: {e}").into()),
+        Ok(_) => {}
+    }
+    let mut checks: Vec<(String, CheckFn)> = megamoe_cuda::selftest::checks()
+        .into_iter()
+        .map(|c| {
+            let run: CheckFn = Box::new(move || (c.run)().map_err(|e| e.to_string()));
+            (c.name.to_string(), run)
+        })
+        .collect();
+    let gpu = std::rc::Rc::new(Gpu::new(0)?);
+    for check in megamoe_gemm::checks::gpu_checks(gpu.props().sm_count as usize) {
+        let gpu = gpu.clone();
+        let run: CheckFn = Box::new(move || (check.run)(&gpu));
+        checks.push((check.name, run));
+    }
+    for check in megamoe_ep::selftest::gpu_checks() {
+        checks.push((check.name, check.run));
+    }
+    checks.retain(|(name, _)| args.only.as_deref().is_none_or(|o| name.contains(o)));
+    if checks.is_empty() {
+        return Err("no check matches `--only`".into());
     }
     let mut failed = 0;
-    let mut ran = 0;
-    for check in megamoe_ep::selftest::gpu_checks() {
-        if args
-            .filter
-            .as_deref()
-            .is_some_and(|f| !check.name.contains(f))
-        {
-            continue;
-        }
-        ran += 1;
+    for (name, run) in &checks {
         let start = Instant::now();
-        match (check.run)() {
-            Ok(summary) => println!(
-                "PASS {} ({:.1} s): {summary}",
-                check.name,
-                start.elapsed().as_secs_f64()
-            ),
+        let outcome = run();
+        let ms = start.elapsed().as_secs_f64() * 1e3;
+        match outcome {
+            Ok(detail) => println!("PASS  {name:42} {ms:8.1} ms  {detail}"),
             Err(e) => {
                 failed += 1;
-                println!(
-                    "FAIL {} ({:.1} s): {e}",
-                    check.name,
-                    start.elapsed().as_secs_f64()
-                );
+                println!("FAIL  {name:42} {ms:8.1} ms  {e}");
             }
         }
     }
-    println!("selftest: {} of {ran} checks passed", ran - failed);
+    println!(
+        "{} of {} checks passed",
+        checks.len() - failed,
+        checks.len()
+    );
     if failed > 0 {
         return Err(format!("{failed} check(s) failed").into());
     }

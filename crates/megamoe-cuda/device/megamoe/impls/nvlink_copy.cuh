@@ -25,7 +25,7 @@ __device__ __forceinline__ void copy_v4(const CopyParams& p) {
     uint4 v[kUnroll];
 #pragma unroll
     for (u32 u = 0; u < kUnroll; ++u) {
-      if (i + u * stride < n) v[u] = ptx::ld_stream_v4(src + i + u * stride);
+      if (i + u * stride < n) v[u] = ptx::ld_nc_v4(src + i + u * stride);
     }
 #pragma unroll
     for (u32 u = 0; u < kUnroll; ++u) {

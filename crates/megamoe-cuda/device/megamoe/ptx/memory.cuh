@@ -5,19 +5,21 @@
 
 namespace megamoe::ptx {
 
-// 16-byte load through the non-coherent path, not kept in L1 (data read once).
+// 16-byte load through the non-coherent path, not kept in L1 (data read once), fetching whole
+// 256-byte L2 lines from DRAM (the streaming pattern HBM serves best).
 __device__ __forceinline__ uint4 ld_stream_v4(const void* p) {
   uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
   return v;
 }
 
-// 16-byte load of memory that another GPU may have written before a barrier (no .nc).
-__device__ __forceinline__ uint4 ld_v4(const void* p) {
+// 16-byte load through the non-coherent path, not kept in L1, without the L2 prefetch hint
+// (for peer memory, where whole-line prefetches would cross NVLink).
+__device__ __forceinline__ uint4 ld_nc_v4(const void* p) {
   uint4 v;
-  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
   return v;
@@ -41,6 +43,11 @@ __device__ __forceinline__ u64 ld_acquire_sys(const u64* p) {
 
 __device__ __forceinline__ void st_release_sys(u64* p, u64 v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// Adds to a counter that peers wait on, releasing this thread's earlier writes to them.
+__device__ __forceinline__ void red_release_sys_add(u64* p, u64 v) {
+  asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
 __device__ __forceinline__ u32 atomic_cas_u32(u32* p, u32 expected, u32 desired) {

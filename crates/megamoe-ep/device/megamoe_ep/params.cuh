@@ -1,11 +1,15 @@
 // Kernel parameter structs, mirrored field for field by src/params.rs (sizes asserted on both
 // sides). Every kernel takes exactly one of them as `const __grid_constant__ Params p`.
 #pragma once
+#include <megamoe/common.cuh>
 
-typedef unsigned long long u64;
-typedef unsigned int u32;
+namespace megamoe::ptx {}
 
 namespace ep {
+
+using megamoe::u32;
+using megamoe::u64;
+namespace ptx = megamoe::ptx;
 
 constexpr int kMaxRanks = 8;
 constexpr int kMaxTopk = 8;
@@ -17,8 +21,9 @@ constexpr int kWarps = kThreads / 32;
 enum Signal : int { kDispatchReady = 0, kDispatchDone = 1, kCombineReady = 2, kCombineDone = 3, kNumSignals = 4 };
 // Kernel families: each keeps its own call counter (epoch) in the local buffer.
 enum Family : int { kDispatchFamily = 0, kCombineFamily = 1 };
-// Error codes of the device error record.
-enum ErrorCode : u32 { kOk = 0, kTimeout = 1, kBadTopk = 2, kOverflow = 3 };
+// Error codes of the device error record (a wait past its deadline is recorded in the rank's
+// `megamoe::comm::WaitRecord` instead).
+enum ErrorCode : u32 { kOk = 0, kBadTopk = 2, kOverflow = 3 };
 
 // Where everything lives: byte offsets inside every rank's symmetric buffer (the same on all
 // ranks) and inside this rank's handle block.
@@ -26,6 +31,7 @@ struct Layout {
     u64 peer_base[kMaxRanks];  // each rank's buffer, valid here under unified addressing
     u64 handle;                // this rank's handle block (local)
     u64 deadline_ns;           // budget of every wait
+    u64 wait_record;           // this rank's megamoe::comm::WaitRecord (local)
     // buffer regions
     u64 off_epochs, off_signals, off_status, off_counts, off_meta, off_in_rows, off_in_scales;
     u64 off_out_rows, off_out_scales, off_out_probs, off_comb_rows, off_comb_prob_grads, off_error;
@@ -61,8 +67,8 @@ struct ErrorRecord {
 
 }  // namespace ep
 
-static_assert(sizeof(ep::Layout) == 8 * 8 + 23 * 8 + 8 * 4, "Layout mirrors src/params.rs");
-static_assert(sizeof(ep::DispatchParams) == sizeof(ep::Layout) + 16 + 32, "DispatchParams mirrors src/params.rs");
-static_assert(sizeof(ep::CombineParams) == sizeof(ep::Layout) + 16 + 16, "CombineParams mirrors src/params.rs");
-static_assert(sizeof(ep::GatherParams) == 32, "GatherParams mirrors src/params.rs");
-static_assert(sizeof(ep::ErrorRecord) == 32, "ErrorRecord mirrors src/params.rs");
+MEGAMOE_PARAMS_LAYOUT(ep::Layout, 8 * 8 + 24 * 8 + 8 * 4, 8);
+MEGAMOE_PARAMS_LAYOUT(ep::DispatchParams, sizeof(ep::Layout) + 16 + 32, 8);
+MEGAMOE_PARAMS_LAYOUT(ep::CombineParams, sizeof(ep::Layout) + 16 + 16, 8);
+MEGAMOE_PARAMS_LAYOUT(ep::GatherParams, 32, 8);
+MEGAMOE_PARAMS_LAYOUT(ep::ErrorRecord, 32, 8);

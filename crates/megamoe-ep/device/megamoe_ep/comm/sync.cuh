@@ -1,4 +1,5 @@
-// Cross-rank signalling: epoch-counted signals, deadline-bounded waits, the error record.
+// Cross-rank signalling: epoch-counted signals, deadline-bounded waits (recorded in the rank's
+// megamoe::comm::WaitRecord), the record of the other errors.
 //
 // Every launch of a kernel family adds exactly kUnit to each signal it raises, whatever its grid
 // size (block 0 adds kUnit - (gridDim.x - 1), every other block 1), so after the n-th call of a
@@ -6,7 +7,9 @@
 // the local buffer at kernel start and stored back by block 0 after the kernel's final wait,
 // which every block of the rank must have reached: so captured graphs replay correctly.
 #pragma once
-#include "../ptx/ld_st.cuh"
+#include <megamoe/comm/deadline.cuh>
+#include <megamoe/ptx/memory.cuh>
+#include <megamoe_ep/params.cuh>
 
 namespace ep::comm {
 
@@ -35,14 +38,26 @@ __device__ __forceinline__ void record_error(const Layout& l, u32 code, u32 what
     }
 }
 
-// Called by every block after its part of the work: raise `kind` on every rank's buffer.
-__device__ __forceinline__ void raise_on_all(const Layout& l, int kind) {
-    __threadfence_system();
+// Called by every block once its threads' writes are done (the barrier orders them before the
+// release): raise `kind` on every rank's buffer.
+__device__ __forceinline__ void arrive_all(const Layout& l, int kind) {
     __syncthreads();
     if (threadIdx.x < l.ranks) {
         u64 add = blockIdx.x == 0 ? kUnit - (gridDim.x - 1) : 1;
         ptx::red_release_sys_add(signal(l, threadIdx.x, kind, l.rank), add);
     }
+}
+
+// As arrive_all, for writes a peer may read through another path than the signal (the fence
+// makes them visible system-wide first).
+__device__ __forceinline__ void raise_on_all(const Layout& l, int kind) {
+    __threadfence_system();
+    arrive_all(l, kind);
+}
+
+// The runtime's name of each signal's wait (`megamoe_cuda::Wait`).
+__device__ __forceinline__ megamoe::comm::Wait wait_of(int kind) {
+    return static_cast<megamoe::comm::Wait>(u32(megamoe::comm::Wait::DispatchReady) + kind);
 }
 
 // Every block waits until `kind` from every source reached epoch * kUnit. Returns false (after
@@ -53,11 +68,12 @@ __device__ __forceinline__ bool wait_all(const Layout& l, int kind, u64 epoch, i
     if (threadIdx.x < l.ranks) {
         const u64* f = signal(l, l.rank, kind, threadIdx.x);
         const u64 target = epoch * kUnit;
-        const u64 start = ptx::globaltimer();
+        const auto deadline = megamoe::comm::Deadline::after(l.deadline_ns);
         u64 v;
         while ((v = ptx::ld_acquire_sys(f)) < target) {
-            if (ptx::globaltimer() - start > l.deadline_ns) {
-                record_error(l, kTimeout, kind, threadIdx.x, v, target);
+            if (deadline.expired()) {
+                megamoe::comm::report_timeout(reinterpret_cast<megamoe::comm::WaitRecord*>(l.wait_record), wait_of(kind),
+                                              l.rank, threadIdx.x, v, target);
                 *s_ok = 0;
                 break;
             }

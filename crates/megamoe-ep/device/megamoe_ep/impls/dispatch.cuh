@@ -14,7 +14,7 @@
 //   5. raise kDispatchDone on every source; wait until every rank is done reading from us.
 // Cached mode (the backward of combine): steps 2, 4, 5 only, with the rows taken from the handle.
 #pragma once
-#include "../comm/sync.cuh"
+#include <megamoe_ep/comm/sync.cuh>
 
 namespace ep {
 
@@ -100,7 +100,7 @@ __device__ void dispatch_meta(const DispatchParams& p, DispatchShared& s, u64 ep
                     for (int k = 0; k < K; ++k)
                         if (s.tile[t * K + k] == e) hit = k;
                 const u32 mask = __ballot_sync(0xffffffffu, hit >= 0);
-                if (hit >= 0) meta[(t0 + t) * 3 * K + K + hit] = running + __popc(mask & ptx::lanemask_lt());
+                if (hit >= 0) meta[(t0 + t) * 3 * K + K + hit] = running + __popc(mask & megamoe::lanemask_lt());
                 running += __popc(mask);
             }
         }
@@ -361,11 +361,7 @@ __device__ void dispatch_kernel(const DispatchParams& p) {
     }
     // Every block tells every source it is done reading from it; the last wait keeps this
     // rank's inputs and meta alive until every rank is done with them.
-    __syncthreads();
-    if (threadIdx.x < l.ranks) {
-        u64 add = blockIdx.x == 0 ? comm::kUnit - (gridDim.x - 1) : 1;
-        ptx::red_release_sys_add(comm::signal(l, threadIdx.x, kDispatchDone, l.rank), add);
-    }
+    comm::arrive_all(l, kDispatchDone);
     if (!comm::wait_all(l, kDispatchDone, epoch, &s.ok)) return;
     comm::store_epoch(l, kDispatchFamily, epoch);
 }

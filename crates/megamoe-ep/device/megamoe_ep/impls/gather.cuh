@@ -1,7 +1,8 @@
 // The separate permute pass of the baseline path (Megatron's alltoall dispatcher): row i of the
 // output is row index[i] of the input, or zeros where index[i] < 0. Warp per row, 16-byte vectors.
 #pragma once
-#include "../ptx/ld_st.cuh"
+#include <megamoe/ptx/memory.cuh>
+#include <megamoe_ep/params.cuh>
 
 namespace ep {
 

@@ -10,7 +10,8 @@
 //      every copy (all in flight at once), add in order in f32, round once, store.
 //   3. raise kCombineDone on every rank; wait until every rank is done reading our rows.
 #pragma once
-#include "../comm/sync.cuh"
+#include <megamoe/ptx/convert.cuh>
+#include <megamoe_ep/comm/sync.cuh>
 
 namespace ep {
 
@@ -82,8 +83,8 @@ __device__ void combine_tokens(const CombineParams& p) {
                         acc[2 * q + 1] += ptx::bf16_hi(w[q]);
                     }
                 }
-                const uint4 o = make_uint4(ptx::pack_bf16x2(acc[0], acc[1]), ptx::pack_bf16x2(acc[2], acc[3]),
-                                           ptx::pack_bf16x2(acc[4], acc[5]), ptx::pack_bf16x2(acc[6], acc[7]));
+                const uint4 o = make_uint4(ptx::bf16x2(acc[0], acc[1]), ptx::bf16x2(acc[2], acc[3]),
+                                           ptx::bf16x2(acc[4], acc[5]), ptx::bf16x2(acc[6], acc[7]));
                 ptx::st_v4(y + c * 16, o);
             }
         }
@@ -97,11 +98,7 @@ __device__ void combine_kernel(const CombineParams& p) {
     comm::raise_on_all(l, kCombineReady);
     if (!comm::wait_all(l, kCombineReady, epoch, &s.ok)) return;
     combine_tokens(p);
-    __syncthreads();
-    if (threadIdx.x < l.ranks) {
-        u64 add = blockIdx.x == 0 ? comm::kUnit - (gridDim.x - 1) : 1;
-        ptx::red_release_sys_add(comm::signal(l, threadIdx.x, kCombineDone, l.rank), add);
-    }
+    comm::arrive_all(l, kCombineDone);
     if (!comm::wait_all(l, kCombineDone, epoch, &s.ok)) return;
     comm::store_epoch(l, kCombineFamily, epoch);
 }

@@ -1,0 +1,97 @@
+// Epilogues: what happens to a warpgroup's finished 64 x 128 f32 tile. A policy receives the
+// accumulators in the wgmma m64nNk32 register layout (thread = warp w, lane l; register i holds
+// row 16w + l/4 + 8*((i/2)%2), column 8*(i/4) + 2*(l%4) + i%2) and owns everything after the
+// mainloop; the L1 SwiGLU + routing weight + re-quantisation epilogue is another policy of the
+// same shape.
+#pragma once
+#include <megamoe_gemm/ptx/types.cuh>
+#include <megamoe_gemm/ptx/sync.cuh>
+#include <megamoe_gemm/ptx/tma.cuh>
+#include <megamoe_gemm/impls/grouped_gemm_params.cuh>
+
+__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// Row-major output of `Out` (u16 holds bf16 bits, or float) written straight from registers;
+// rows >= rows_valid are left alone (the masked layout's rows past an expert's count).
+template <typename Out>
+struct StoreRows {
+    template <int kAccum>
+    __device__ __forceinline__ static void store(const GroupedGemmParams& p, u8* /*staging*/,
+                                                 u32 /*wg*/, u32 row0, u32 col0, u32 rows_valid,
+                                                 const float (&acc)[kAccum]) {
+        void* out = reinterpret_cast<void*>(p.out);
+        const u32 ld = p.n;
+        const u32 lane = threadIdx.x % 32;
+        const u32 warp = (threadIdx.x / 32) % 4;
+        const u32 r = warp * 16 + lane / 4;
+        const u32 c = 2 * (lane % 4);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const u32 row = r + 8 * half;
+            if (row >= rows_valid) continue;
+            Out* dst = static_cast<Out*>(out) + static_cast<u64>(row0 + row) * ld + col0 + c;
+#pragma unroll
+            for (int j = 0; j < kAccum / 4; ++j) {
+                const float v0 = acc[4 * j + 2 * half];
+                const float v1 = acc[4 * j + 2 * half + 1];
+                if constexpr (sizeof(Out) == 2) {
+                    *reinterpret_cast<u32*>(dst + 8 * j) = pack_bf16x2(v0, v1);
+                } else {
+                    *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(v0, v1);
+                }
+            }
+        }
+    }
+
+    __device__ __forceinline__ static void finish() {}
+};
+
+// bf16 output through shared memory and TMA stores (every row of the slice is written, so only
+// for the contiguous layout, whose tiles never cross a segment). The stores drain while the
+// warpgroup already runs the next tile's mainloop; the staging tile is reused once the previous
+// store has read it.
+struct TmaStoreBf16 {
+    template <int kAccum>
+    __device__ __forceinline__ static void store(const GroupedGemmParams& p, u8* staging, u32 wg,
+                                                 u32 row0, u32 col0, u32 /*rows_valid*/,
+                                                 const float (&acc)[kAccum]) {
+        static_assert(kAccum == 64, "a 64 x 128 wgmma slice");
+        const u32 lane = threadIdx.x % 32;
+        const u32 warp = (threadIdx.x / 32) % 4;
+        const bool leader = threadIdx.x % 128 == 0;
+        const NamedBarrier bar = epilogue_barrier(wg);
+        // This lane's row address for stmatrix: matrices (rows 0-7 | 8-15) x (chunk | chunk+1).
+        const u32 row = warp * 16 + lane % 8 + 8 * ((lane / 8) % 2);
+        const u32 chunk_step = lane / 16;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            if (leader) bulk_wait_group_read_all();
+            named_barrier_sync(bar, 128);
+#pragma unroll
+            for (int jj = 0; jj < 8; jj += 2) {
+                const int j = half * 8 + jj;  // 8-column group inside the 128-column slice
+                const u32 chunk = jj + chunk_step;
+                u8* dst = staging + row * 128 + ((chunk ^ (row % 8)) * 16);
+                stmatrix_x4(dst, pack_bf16x2(acc[4 * j], acc[4 * j + 1]),
+                            pack_bf16x2(acc[4 * j + 2], acc[4 * j + 3]),
+                            pack_bf16x2(acc[4 * j + 4], acc[4 * j + 5]),
+                            pack_bf16x2(acc[4 * j + 6], acc[4 * j + 7]));
+            }
+            fence_proxy_async_shared();
+            named_barrier_sync(bar, 128);
+            if (leader) {
+                tma_store_2d(&p.tma_d, staging, static_cast<i32>(col0 + 64 * half),
+                             static_cast<i32>(row0));
+                bulk_commit_group();
+            }
+        }
+    }
+
+    __device__ __forceinline__ static void finish() {
+        if (threadIdx.x % 128 == 0) bulk_wait_group_all();
+    }
+};

@@ -1,0 +1,39 @@
+// The TMA producer: one thread fills the ring, stage by stage, for every tile of its CTA.
+#pragma once
+#include <megamoe_gemm/ptx/tma.cuh>
+#include <megamoe_gemm/layout/smem_layout.cuh>
+#include <megamoe_gemm/scheduler/tile_scheduler.cuh>
+#include <megamoe_gemm/impls/grouped_gemm_params.cuh>
+
+template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, bool kMasked>
+__device__ void tma_producer(const GroupedGemmParams& p,
+                             const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>& smem) {
+    using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>;
+    constexpr int kScaleCols = Layout::kScaleCols;
+    u32* error = reinterpret_cast<u32*>(p.error);
+    const u32 k_blocks = p.k / Layout::kBlockK;
+    const u32 k_groups = p.k / kGroupSize;
+
+    TileScheduler<BLOCK_M, BLOCK_N, kMasked> sched(smem.rows(), p.num_experts, p.n, p.max_m, p.group_m);
+    RingCursor<kStages> ring;
+    Tile t;
+    while (sched.next(t)) {
+        const i32 b_row = static_cast<i32>(t.expert * p.n + t.n0);
+        // Scales: contiguous rows are global rows of one K-group-major matrix; masked rows are
+        // rows of the expert's slot, whose K groups follow the previous experts' groups.
+        const i32 sa_x = static_cast<i32>(kMasked ? t.m_block * BLOCK_M : t.a_row);
+        const i32 sa_y0 = static_cast<i32>(kMasked ? t.expert * k_groups : 0);
+        for (u32 kb = 0; kb < k_blocks; ++kb) {
+            mbarrier_wait(smem.empty(ring.stage), ring.phase ^ 1, error, p.timeout_ns, kWaitEmpty);
+            u64* full = smem.full(ring.stage);
+            mbarrier_arrive_expect_tx(full, Layout::kStageTxBytes);
+            const i32 k0 = static_cast<i32>(kb * Layout::kBlockK);
+            tma_load_2d(smem.a(ring.stage), &p.tma_a, full, k0, static_cast<i32>(t.a_row),
+                        CacheHint::kEvictLast);
+            tma_load_2d(smem.b(ring.stage), &p.tma_b, full, k0, b_row, CacheHint::kEvictNormal);
+            tma_load_2d(smem.sa(ring.stage), &p.tma_sa, full, sa_x,
+                        sa_y0 + static_cast<i32>(kb * kScaleCols), CacheHint::kEvictLast);
+            ring.advance();
+        }
+    }
+}

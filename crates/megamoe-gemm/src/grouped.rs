@@ -1,0 +1,202 @@
+//! Host side of one grouped GEMM launch: tensor maps, params, launch, error word.
+
+use std::sync::Arc;
+
+use megamoe_cuda::wait::{deadline_ns, DEFAULT_DEADLINE};
+use megamoe_cuda::{
+    jit, DeviceBuffer, Gpu, Kernel, LaunchConfig, Swizzle, TensorMap, TiledMap, TmaDtype,
+};
+
+use crate::error::{GemmError, Result};
+use crate::heuristics::{validate, GemmConfig, GemmProblem, Layout, OutDtype};
+use crate::kernel::{kernel_spec, THREADS};
+use crate::params::GroupedGemmParams;
+
+/// A 2-D tiled map: `dims = [inner, outer]` elements, `row_bytes` between outer rows.
+fn map_2d(
+    dtype: TmaDtype,
+    address: u64,
+    dims: [u64; 2],
+    row_bytes: u64,
+    box_dims: [u32; 2],
+    swizzle: Swizzle,
+) -> Result<TensorMap> {
+    Ok(TiledMap {
+        dtype,
+        address,
+        dims: &dims,
+        strides: &[row_bytes],
+        box_dims: &box_dims,
+        swizzle,
+    }
+    .encode()?)
+}
+
+/// Device addresses of the operands (see `GemmOperands` in reference.rs for the layouts).
+#[derive(Clone, Copy, Debug)]
+pub struct GemmPointers {
+    pub a: u64,
+    pub scale_a: u64,
+    pub b: u64,
+    pub scale_b: u64,
+    /// i32 `[E]`: padded segment sizes (contiguous) or valid rows (masked).
+    pub expert_rows: u64,
+    pub out: u64,
+}
+
+/// Rows of the 2-D view of the activations and the output.
+pub fn view_rows(problem: &GemmProblem, contiguous_rows: usize) -> usize {
+    match problem.layout {
+        Layout::Contiguous { .. } => contiguous_rows,
+        Layout::Masked { max_m } => problem.experts * max_m,
+    }
+}
+
+/// A prepared launch: configuration, kernel and parameters.
+pub struct GroupedGemm {
+    pub problem: GemmProblem,
+    pub config: GemmConfig,
+    pub compiled: Arc<jit::CompiledKernel>,
+    kernel: Kernel,
+    params: GroupedGemmParams,
+    error: DeviceBuffer,
+}
+
+impl GroupedGemm {
+    /// Prepares `problem` with `config`; `contiguous_rows` is the total padded row count of the
+    /// contiguous layout (ignored for masked).
+    pub fn new(
+        gpu: &Gpu,
+        problem: GemmProblem,
+        config: GemmConfig,
+        contiguous_rows: usize,
+        ptr: GemmPointers,
+    ) -> Result<GroupedGemm> {
+        validate(&problem)?;
+        if let Layout::Contiguous { pad } = problem.layout {
+            if pad % config.block_m != 0 {
+                return Err(GemmError::Shape {
+                    arg: "pad",
+                    reason: format!("{pad} is not a multiple of BLOCK_M {}", config.block_m),
+                });
+            }
+            if contiguous_rows % pad != 0 {
+                return Err(GemmError::Shape {
+                    arg: "contiguous_rows",
+                    reason: format!("{contiguous_rows} is not a multiple of the pad {pad}"),
+                });
+            }
+        }
+        if problem.n % config.block_n != 0 {
+            return Err(GemmError::Shape {
+                arg: "n",
+                reason: format!(
+                    "{} is not a multiple of BLOCK_N {}",
+                    problem.n, config.block_n
+                ),
+            });
+        }
+        let (e, n, k, g) = (problem.experts, problem.n, problem.k, problem.group_size);
+        let rows = view_rows(&problem, contiguous_rows).max(1);
+        let kg = (k / g) as u64;
+        let tma_a = map_2d(
+            TmaDtype::U8,
+            ptr.a,
+            [k as u64, rows as u64],
+            k as u64,
+            [128, config.block_m as u32],
+            Swizzle::B128,
+        )?;
+        let tma_b = map_2d(
+            TmaDtype::U8,
+            ptr.b,
+            [k as u64, (e * n) as u64],
+            k as u64,
+            [128, config.block_n as u32],
+            Swizzle::B128,
+        )?;
+        let (sa_inner, sa_outer) = match problem.layout {
+            Layout::Contiguous { .. } => (rows as u64, kg),
+            Layout::Masked { max_m } => (max_m as u64, e as u64 * kg),
+        };
+        let tma_sa = map_2d(
+            TmaDtype::F32,
+            ptr.scale_a,
+            [sa_inner, sa_outer],
+            sa_inner * 4,
+            [config.block_m as u32, (128 / g) as u32],
+            Swizzle::None,
+        )?;
+        // Only the TMA-store epilogue reads it; the output's element size is 2 bytes then.
+        let tma_d = map_2d(
+            TmaDtype::Bf16,
+            ptr.out,
+            [n as u64, rows as u64],
+            (n * problem.out.bytes()) as u64,
+            [64, 64],
+            Swizzle::B128,
+        )?;
+        if config.tma_store && (config.masked || problem.out != OutDtype::Bf16) {
+            return Err(GemmError::Shape {
+                arg: "config",
+                reason: "the TMA-store epilogue writes whole bf16 tiles of the contiguous layout"
+                    .into(),
+            });
+        }
+        let error = gpu.alloc_zeroed(4)?;
+        let params = GroupedGemmParams {
+            tma_a,
+            tma_b,
+            tma_sa,
+            tma_d,
+            out: ptr.out,
+            scale_b: ptr.scale_b,
+            expert_rows: ptr.expert_rows,
+            error: error.ptr(),
+            timeout_ns: deadline_ns(DEFAULT_DEADLINE),
+            num_experts: e as u32,
+            n: n as u32,
+            k: k as u32,
+            max_m: match problem.layout {
+                Layout::Masked { max_m } => max_m as u32,
+                Layout::Contiguous { .. } => 0,
+            },
+            group_m: config.group_m as u32,
+            reserved: [0; 3],
+        };
+        let compiled = jit::compile(&kernel_spec(&config))?;
+        Ok(GroupedGemm {
+            problem,
+            config,
+            kernel: gpu.load(&compiled)?,
+            compiled,
+            params,
+            error,
+        })
+    }
+
+    /// Enqueues the kernel on the GPU's stream.
+    pub fn launch(&self, gpu: &Gpu) -> Result<()> {
+        let launch = LaunchConfig::new(self.config.ctas as u32, THREADS)
+            .with_dynamic_smem(self.config.smem_bytes() as u32);
+        Ok(gpu.launch(&self.kernel, &launch, &self.params)?)
+    }
+
+    /// Synchronises and turns an expired device wait into an error.
+    pub fn check(&self, gpu: &Gpu) -> Result<()> {
+        gpu.synchronize()?;
+        let word = self.error.download::<u32>()?[0];
+        if word == 0 {
+            return Ok(());
+        }
+        let what = match word & 0xFFFF {
+            1 => "consumer waiting for a stage's TMA data (full barrier)",
+            2 => "producer waiting for a free stage (empty barrier)",
+            _ => "unknown wait",
+        };
+        Err(GemmError::DeviceTimeout {
+            kernel: self.config.kernel_name(),
+            what: what.to_string(),
+        })
+    }
+}

@@ -1,0 +1,328 @@
+//! Block sizes, pipeline depth and grid of the grouped GEMM, chosen in pure Rust.
+//!
+//! Three tile shapes exist, all made of m64n128k32 wgmma waves of two consumer warpgroups:
+//! 128 x 256 (warpgroups split the rows, two waves each) for prefill-sized groups, because every
+//! K block then moves 48 KiB through shared memory for 8.4 MFLOP instead of 32 KiB for 4.2;
+//! 128 x 128 when N is not a multiple of 256; and 64 x 256 (warpgroups split the columns) when
+//! experts hold few rows, where a 128-row block would mostly multiply padding. Stages fill the
+//! shared memory; the grid is one CTA per SM.
+
+use crate::error::GemmError;
+
+/// Shared memory one CTA may ask for on sm_90 (227 KiB).
+pub const MAX_SMEM_BYTES: usize = 232_448;
+/// Most experts one launch takes (their row counts are staged in shared memory).
+pub const MAX_EXPERTS: usize = 1024;
+/// Deepest ring the kernel is instantiated with.
+pub const MAX_STAGES: usize = 8;
+const BLOCK_K: usize = 128;
+/// Every (BLOCK_M, BLOCK_N) the kernel is instantiated with.
+pub const TILE_SHAPES: [(usize, usize); 3] = [(128, 256), (128, 128), (64, 256)];
+
+/// How the rows of the activations are grouped by expert.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Layout {
+    /// Rows grouped by expert, each segment padded to a multiple of `pad`.
+    Contiguous { pad: usize },
+    /// `[E, max_m, K]` with a per-expert count of valid rows (decode).
+    Masked { max_m: usize },
+}
+
+/// Element type of the output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OutDtype {
+    Bf16,
+    F32,
+}
+
+impl OutDtype {
+    pub fn bytes(self) -> usize {
+        match self {
+            OutDtype::Bf16 => 2,
+            OutDtype::F32 => 4,
+        }
+    }
+}
+
+/// What a launch computes, as far as the choice of kernel depends on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GemmProblem {
+    pub experts: usize,
+    pub n: usize,
+    pub k: usize,
+    /// Activation scale group along K: 128, or 64 for the L2 operand.
+    pub group_size: usize,
+    pub layout: Layout,
+    pub out: OutDtype,
+    /// Expected rows per expert (tokens·top-k / experts); steers the block shape only.
+    pub rows_per_expert: usize,
+}
+
+/// One instantiation of the kernel and how it is launched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GemmConfig {
+    pub block_m: usize,
+    pub block_n: usize,
+    pub stages: usize,
+    pub group_size: usize,
+    pub masked: bool,
+    pub out: OutDtype,
+    /// bf16 tiles leave through shared memory and TMA stores that overlap the next tile
+    /// (contiguous layout only: it writes whole tiles); otherwise straight from registers.
+    pub tma_store: bool,
+    /// m-blocks of one expert walked together per n-block.
+    pub group_m: usize,
+    pub ctas: usize,
+}
+
+impl GemmConfig {
+    /// Dynamic shared memory of the launch, including the 1 KiB alignment slack.
+    pub fn smem_bytes(&self) -> usize {
+        smem_bytes(self.block_m, self.block_n, self.stages, self.group_size) + 1024
+    }
+
+    /// The kernel symbol of this instantiation.
+    pub fn kernel_name(&self) -> String {
+        format!(
+            "grouped_gemm_fp8_m{}_n{}_s{}_g{}_{}_{}{}",
+            self.block_m,
+            self.block_n,
+            self.stages,
+            self.group_size,
+            if self.masked { "masked" } else { "contiguous" },
+            match self.out {
+                OutDtype::Bf16 => "bf16",
+                OutDtype::F32 => "f32",
+            },
+            if self.tma_store { "_tma" } else { "" }
+        )
+    }
+}
+
+/// Bytes of the shared-memory plan (SmemLayout in kernels/layout/smem_layout.cuh).
+pub fn smem_bytes(block_m: usize, block_n: usize, stages: usize, group_size: usize) -> usize {
+    let per_stage = block_m * BLOCK_K + block_n * BLOCK_K + (BLOCK_K / group_size) * block_m * 4;
+    let staging = 2 * 64 * 64 * 2;
+    stages * per_stage + staging + 2 * stages * 8 + MAX_EXPERTS * 4
+}
+
+/// Whether the TMA-store epilogue applies (see `GemmConfig::tma_store`).
+pub fn tma_store_applies(masked: bool, out: OutDtype) -> bool {
+    !masked && out == OutDtype::Bf16
+}
+
+/// The deepest ring that fits in shared memory.
+pub fn max_stages(block_m: usize, block_n: usize, group_size: usize) -> usize {
+    (1..=MAX_STAGES)
+        .rev()
+        .find(|&s| smem_bytes(block_m, block_n, s, group_size) + 1024 <= MAX_SMEM_BYTES)
+        .unwrap_or(1)
+}
+
+/// Checks the shape rules this kernel has (clear errors naming the limit).
+pub fn validate(p: &GemmProblem) -> Result<(), GemmError> {
+    let bad = |arg: &'static str, reason: String| Err(GemmError::Shape { arg, reason });
+    if p.experts == 0 || p.experts > MAX_EXPERTS {
+        return bad(
+            "experts",
+            format!("{} is not in 1..={MAX_EXPERTS}", p.experts),
+        );
+    }
+    if p.n == 0 || p.n % 128 != 0 {
+        return bad("n", format!("{} is not a positive multiple of 128", p.n));
+    }
+    if p.k == 0 || p.k % 128 != 0 {
+        return bad("k", format!("{} is not a positive multiple of 128", p.k));
+    }
+    if p.group_size != 64 && p.group_size != 128 {
+        return bad(
+            "group_size",
+            format!("{} is neither 64 nor 128", p.group_size),
+        );
+    }
+    match p.layout {
+        Layout::Contiguous { pad } if pad != 64 && pad != 128 => {
+            bad("pad", format!("{pad} is neither 64 nor 128"))
+        }
+        Layout::Masked { max_m } if max_m == 0 || max_m % 4 != 0 => bad(
+            "max_m",
+            format!("{max_m} is not a positive multiple of 4 (16-byte scale rows)"),
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// Picks the kernel configuration for `p` on a GPU with `sms` multiprocessors.
+pub fn choose(p: &GemmProblem, sms: usize) -> Result<GemmConfig, GemmError> {
+    validate(p)?;
+    let pad_allows_64 = match p.layout {
+        Layout::Contiguous { pad } => pad % 64 == 0,
+        Layout::Masked { .. } => true,
+    };
+    let pad_allows_128 = match p.layout {
+        Layout::Contiguous { pad } => pad % 128 == 0,
+        Layout::Masked { .. } => true,
+    };
+    let small = p.rows_per_expert <= 64 && p.n % 256 == 0 && pad_allows_64;
+    let (block_m, block_n) = if small || !pad_allows_128 {
+        if p.n % 256 != 0 {
+            return Err(GemmError::Shape {
+                arg: "n",
+                reason: format!("{} must be a multiple of 256 with 64-row segments", p.n),
+            });
+        }
+        (64, 256)
+    } else if p.n % 256 == 0 {
+        (128, 256)
+    } else {
+        (128, 128)
+    };
+    let config = GemmConfig {
+        block_m,
+        block_n,
+        stages: max_stages(block_m, block_n, p.group_size),
+        group_size: p.group_size,
+        masked: matches!(p.layout, Layout::Masked { .. }),
+        out: p.out,
+        tma_store: tma_store_applies(matches!(p.layout, Layout::Masked { .. }), p.out),
+        group_m: 8,
+        ctas: sms,
+    };
+    if std::env::var_os("MEGAMOE_GEMM_LOG").is_some() {
+        eprintln!("megamoe-gemm: {p:?} -> {config:?}");
+    }
+    Ok(config)
+}
+
+/// `config` with another BLOCK_N (a benchmark knob for tuning these rules), or None if the
+/// tile shape does not exist or does not divide `p.n`.
+pub fn with_block_n(config: GemmConfig, p: &GemmProblem, block_n: usize) -> Option<GemmConfig> {
+    let shape = (config.block_m, block_n);
+    if !TILE_SHAPES.contains(&shape) || p.n % block_n != 0 {
+        return None;
+    }
+    Some(GemmConfig {
+        block_n,
+        stages: max_stages(config.block_m, block_n, config.group_size),
+        ..config
+    })
+}
+
+/// Every configuration `choose` can return, for compile-everything checks.
+pub fn all_configs(sms: usize) -> Vec<GemmConfig> {
+    let mut out = Vec::new();
+    for (block_m, block_n) in TILE_SHAPES {
+        for group_size in [128, 64] {
+            for masked in [false, true] {
+                for dtype in [OutDtype::Bf16, OutDtype::F32] {
+                    for tma_store in [true, false] {
+                        if tma_store && !tma_store_applies(masked, dtype) {
+                            continue;
+                        }
+                        out.push(GemmConfig {
+                            block_m,
+                            block_n,
+                            stages: max_stages(block_m, block_n, group_size),
+                            group_size,
+                            masked,
+                            out: dtype,
+                            tma_store,
+                            group_m: 8,
+                            ctas: sms,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problem(rows: usize, layout: Layout, group_size: usize) -> GemmProblem {
+        GemmProblem {
+            experts: 128,
+            n: 4096,
+            k: 4096,
+            group_size,
+            layout,
+            out: OutDtype::Bf16,
+            rows_per_expert: rows,
+        }
+    }
+
+    #[test]
+    fn prefill_uses_square_tiles_and_decode_wide_ones() {
+        let c = choose(&problem(512, Layout::Contiguous { pad: 128 }, 128), 132).unwrap();
+        assert_eq!((c.block_m, c.block_n, c.stages, c.ctas), (128, 256, 4, 132));
+        let mut narrow = problem(512, Layout::Contiguous { pad: 128 }, 64);
+        narrow.n = 384;
+        let c = choose(&narrow, 132).unwrap();
+        assert_eq!((c.block_m, c.block_n, c.stages), (128, 128, 6));
+        let c = choose(&problem(32, Layout::Masked { max_m: 32 }, 128), 132).unwrap();
+        assert_eq!((c.block_m, c.block_n, c.stages), (64, 256, 5));
+        assert!(c.masked && !c.tma_store);
+        let c = choose(&problem(512, Layout::Contiguous { pad: 128 }, 128), 132).unwrap();
+        assert!(c.tma_store);
+    }
+
+    #[test]
+    fn segments_padded_to_64_force_64_row_blocks() {
+        let c = choose(&problem(1024, Layout::Contiguous { pad: 64 }, 128), 132).unwrap();
+        assert_eq!(c.block_m, 64);
+    }
+
+    #[test]
+    fn every_config_fits_shared_memory_with_at_least_four_stages() {
+        for c in all_configs(132) {
+            assert!(c.smem_bytes() <= MAX_SMEM_BYTES, "{c:?}");
+            assert!(c.stages >= 4, "{c:?}");
+            assert!(
+                smem_bytes(c.block_m, c.block_n, c.stages + 1, c.group_size) + 1024
+                    > MAX_SMEM_BYTES
+                    || c.stages == MAX_STAGES
+            );
+        }
+    }
+
+    #[test]
+    fn bad_shapes_name_the_argument() {
+        let mut p = problem(32, Layout::Contiguous { pad: 128 }, 128);
+        p.k = 100;
+        assert!(matches!(
+            choose(&p, 132),
+            Err(GemmError::Shape { arg: "k", .. })
+        ));
+        p.k = 4096;
+        p.group_size = 32;
+        assert!(matches!(
+            choose(&p, 132),
+            Err(GemmError::Shape {
+                arg: "group_size",
+                ..
+            })
+        ));
+        p.group_size = 64;
+        p.layout = Layout::Masked { max_m: 30 };
+        assert!(matches!(
+            choose(&p, 132),
+            Err(GemmError::Shape { arg: "max_m", .. })
+        ));
+        p.layout = Layout::Contiguous { pad: 64 };
+        p.n = 384;
+        assert!(matches!(
+            choose(&p, 132),
+            Err(GemmError::Shape { arg: "n", .. })
+        ));
+    }
+
+    #[test]
+    fn kernel_names_differ_per_config() {
+        let names: std::collections::HashSet<_> =
+            all_configs(132).iter().map(|c| c.kernel_name()).collect();
+        assert_eq!(names.len(), all_configs(132).len());
+    }
+}

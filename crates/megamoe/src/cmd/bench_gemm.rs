@@ -1,0 +1,166 @@
+//! `megamoe bench gemm`: the FP8 grouped GEMM of one MoE layer's L1 or L2, timed next to its
+//! floor (FLOPs at 1394 TFLOP/s, bytes at 4.2 TB/s) and DeepGEMM's measured time.
+
+use clap::{Args, ValueEnum};
+use megamoe_core::Preset;
+use megamoe_cuda::Gpu;
+use megamoe_gemm::bench::{run_case, BenchOptions};
+use megamoe_gemm::heuristics::{GemmProblem, Layout, OutDtype};
+use megamoe_gemm::testdata::group_sizes;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum GemmShape {
+    /// x · W1ᵀ: K = H, N = 2I.
+    L1,
+    /// a · W2ᵀ: K = I, N = H.
+    L2,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum GemmLayout {
+    Contiguous,
+    Masked,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchGemmArgs {
+    #[arg(long, value_enum, default_value = "l1")]
+    pub shape: GemmShape,
+    #[arg(long, default_value = "flash")]
+    pub preset: String,
+    /// Mean rows per expert; a comma-separated list runs several sizes.
+    #[arg(long, value_delimiter = ',', default_value = "192")]
+    pub rows_per_expert: Vec<usize>,
+    #[arg(long, value_enum, default_value = "contiguous")]
+    pub layout: GemmLayout,
+    /// Local experts (128 = the flash preset's 256 over EP2).
+    #[arg(long, default_value_t = 128)]
+    pub experts: usize,
+    #[arg(long, default_value_t = 20)]
+    pub iters: usize,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Overrides the heuristic's BLOCK_N (tuning knob).
+    #[arg(long)]
+    pub block_n: Option<usize>,
+    /// Stores tiles straight from registers instead of through TMA (tuning knob).
+    #[arg(long)]
+    pub direct_store: bool,
+    /// Appends one JSON line per case (group sizes included) for the torch comparison script.
+    #[arg(long)]
+    pub json_out: Option<std::path::PathBuf>,
+}
+
+/// DeepGEMM 2.6.1 on our H200 (ANCHORS.md), flash, 128 experts, contiguous: (shape, rows, µs).
+const DEEPGEMM_US: &[(GemmShape, usize, f64)] = &[
+    (GemmShape::L1, 32, 731.0),
+    (GemmShape::L1, 192, 956.0),
+    (GemmShape::L1, 512, 1947.0),
+    (GemmShape::L1, 1024, 3896.0),
+    (GemmShape::L2, 32, 389.0),
+    (GemmShape::L2, 192, 509.0),
+    (GemmShape::L2, 512, 1008.0),
+    (GemmShape::L2, 1024, 1883.0),
+];
+
+pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let preset = Preset::by_name(&args.preset)?;
+    let s = preset.shape;
+    let (n, k) = match args.shape {
+        GemmShape::L1 => (2 * s.inter, s.hidden),
+        GemmShape::L2 => (s.hidden, s.inter),
+    };
+    // SPEC §3 step 3: the intermediate's scale group.
+    let l2_group = if s.hidden % 512 == 0 && (2 * s.inter) % 512 == 0 {
+        128
+    } else {
+        64
+    };
+    let group_size = match args.shape {
+        GemmShape::L1 => 128,
+        GemmShape::L2 => l2_group,
+    };
+    let gpu = Gpu::new(0)?;
+    println!(
+        "| shape | layout | rows/expert | kernel | µs (min–max) | TFLOP/s | floor µs | ×floor | weight floor µs | DeepGEMM µs | diff |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    for &mean in &args.rows_per_expert {
+        let rows = group_sizes(args.experts, mean, args.seed ^ mean as u64);
+        let max_rows = *rows.iter().max().unwrap_or(&0);
+        let layout = match args.layout {
+            GemmLayout::Contiguous => Layout::Contiguous {
+                pad: if mean <= 64 { 64 } else { 128 },
+            },
+            GemmLayout::Masked => Layout::Masked {
+                max_m: max_rows.div_ceil(4).max(1) * 4,
+            },
+        };
+        let problem = GemmProblem {
+            experts: args.experts,
+            n,
+            k,
+            group_size,
+            layout,
+            out: OutDtype::Bf16,
+            rows_per_expert: mean,
+        };
+        let opts = BenchOptions {
+            warmup: 3,
+            iters: args.iters,
+            block_n: args.block_n,
+            direct_store: args.direct_store,
+        };
+        let r = run_case(&gpu, problem, &rows, args.seed, &opts)?;
+        let deepgemm = DEEPGEMM_US
+            .iter()
+            .find(|(sh, m, _)| {
+                *sh == args.shape
+                    && *m == mean
+                    && args.preset == "flash"
+                    && args.experts == 128
+                    && args.layout == GemmLayout::Contiguous
+            })
+            .map(|d| format!("{:.0}", d.2))
+            .unwrap_or_else(|| "–".into());
+        println!(
+            "| {:?} | {:?} | {} | {} | {:.1} ({:.1}–{:.1}) | {:.0} | {:.1} | {:.2} | {:.1} | {} | {:.1e}{} |",
+            args.shape,
+            args.layout,
+            mean,
+            r.kernel,
+            r.median_us,
+            r.min_us,
+            r.max_us,
+            r.tflops,
+            r.floor_us,
+            r.median_us / r.floor_us,
+            r.weight_floor_us,
+            deepgemm,
+            r.diff,
+            if r.unwritten > 0 { " UNWRITTEN" } else { "" }
+        );
+        if r.diff > 1e-4 || r.unwritten > 0 || r.diff.is_nan() {
+            return Err(format!(
+                "{:?} {} rows: diff {:.2e}, {} bad rows",
+                args.shape, mean, r.diff, r.unwritten
+            )
+            .into());
+        }
+        if let Some(path) = &args.json_out {
+            use std::io::Write;
+            let line = serde_json::json!({
+                "shape": format!("{:?}", args.shape), "layout": format!("{:?}", args.layout),
+                "rows_per_expert": mean, "n": n, "k": k, "group_sizes": rows,
+                "us": r.median_us, "tflops": r.tflops, "floor_us": r.floor_us,
+                "weight_floor_us": r.weight_floor_us, "deepgemm_us": deepgemm, "kernel": r.kernel,
+            });
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)?;
+            writeln!(f, "{line}")?;
+        }
+    }
+    Ok(())
+}

@@ -137,6 +137,10 @@ pub const HEADERS: Headers = megamoe_cuda::header_set!(
 /// Threads per block of every kernel here (`ep::kThreads`).
 pub const THREADS: u32 = 512;
 
+/// Dynamic shared memory of the dispatch kernel (`ep::kDispatchDynamicSmem`): two 4-KiB row
+/// chunks per warp for its bulk stores, and one chunk of zeros for the padding rows.
+pub const DISPATCH_DYNAMIC_SMEM: u32 = (2 * THREADS / 32 + 1) * 4096;
+
 /// A translation unit defining `entry`, which runs `ep::body(p)` on one `Params` struct.
 fn unit(entry: &str, header: &str, params: &str, body: &str) -> KernelSpec {
     KernelSpec {

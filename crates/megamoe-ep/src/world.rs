@@ -497,9 +497,10 @@ impl EpWorld {
                 mode,
                 ..Default::default()
             };
-            self.rank(r)
-                .gpu
-                .launch(&self.dispatch[r], &self.launch_config(), &p)?;
+            let config = self
+                .launch_config()
+                .with_dynamic_smem(params::DISPATCH_DYNAMIC_SMEM);
+            self.rank(r).gpu.launch(&self.dispatch[r], &config, &p)?;
         }
         Ok(())
     }

@@ -16,6 +16,10 @@ constexpr int kMaxTopk = 8;
 constexpr int kMaxExperts = 1024;
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
+// Dispatch stores rows with bulk copies from shared memory: every warp stages its row in chunks
+// of kChunkBytes, double-buffered, and the block keeps one chunk of zeros for the padding rows.
+constexpr int kChunkBytes = 4096;
+constexpr int kDispatchDynamicSmem = (2 * kWarps + 1) * kChunkBytes;  // DISPATCH_DYNAMIC_SMEM
 
 // Signal kinds: one u64 counter per (kind, source rank) in every rank's buffer.
 enum Signal : int { kDispatchReady = 0, kDispatchDone = 1, kCombineReady = 2, kCombineDone = 3, kNumSignals = 4 };

@@ -9,11 +9,14 @@
 //   2. raise kDispatchReady everywhere; wait for it from every rank.
 //   3. layout: from the count matrix every block derives segment bases and source prefixes
 //      (the same arithmetic as plan.rs), checks every rank's validation status and the row bound.
-//   4. pull: warp per (source, token): read its meta remotely, its row once, store it to each
-//      destination row; zero the padding rows; record everything the handle needs.
+//   4. pull: warp per (source, token): read its meta remotely, its row once (into registers,
+//      then a shared-memory chunk), and bulk-copy the chunk to each destination row (TMA
+//      stores: the fan-out costs no store instructions per lane); bulk-copy a chunk of zeros to
+//      every padding row; record everything the handle needs.
 //   5. raise kDispatchDone on every source; wait until every rank is done reading from us.
 // Cached mode (the backward of combine): steps 2, 4, 5 only, with the rows taken from the handle.
 #pragma once
+#include <megamoe/ptx/tma.cuh>
 #include <megamoe_ep/comm/sync.cuh>
 
 namespace ep {
@@ -26,7 +29,7 @@ enum DispatchMode : int {
 };
 
 constexpr int kTileTokens = 512;
-constexpr int kRowUnroll = 8;  // 16-byte vectors per lane in flight per row chunk
+constexpr int kRowUnroll = kChunkBytes / (32 * 16);  // 16-byte vectors per lane per row chunk
 
 struct DispatchShared {
     int tile[kTileTokens * kMaxTopk];
@@ -52,6 +55,11 @@ __device__ __forceinline__ int* count_rows(const Layout& l) {
 __device__ __forceinline__ int* handle_i32(const Layout& l, u64 off) {
     return reinterpret_cast<int*>(l.handle + off);
 }
+
+// Dynamic shared memory: [kWarps][2] row chunks, then one chunk of zeros.
+extern __shared__ __align__(128) char dispatch_smem[];
+__device__ __forceinline__ char* warp_chunks() { return dispatch_smem + (threadIdx.x >> 5) * 2 * kChunkBytes; }
+__device__ __forceinline__ char* zero_chunk() { return dispatch_smem + 2 * kWarps * kChunkBytes; }
 
 // Step 1. Meta row of token t: idx[K], pos[K], prob bits[K].
 __device__ void dispatch_meta(const DispatchParams& p, DispatchShared& s, u64 epoch) {
@@ -204,6 +212,9 @@ __device__ __forceinline__ void record_handle(const DispatchParams& p, DispatchS
 __device__ void zero_padding(const DispatchParams& p, DispatchShared& s) {
     const Layout& l = p.l;
     const int El = l.experts / l.ranks, lane = threadIdx.x & 31;
+    for (int i = threadIdx.x; i < kChunkBytes / 16; i += blockDim.x)
+        reinterpret_cast<uint4*>(zero_chunk())[i] = make_uint4(0, 0, 0, 0);
+    ptx::fence_proxy_async_shared();
     if (threadIdx.x < 32) {
         int carry = 0;
         for (int j0 = 0; j0 < El; j0 += 32) {
@@ -220,7 +231,6 @@ __device__ void zero_padding(const DispatchParams& p, DispatchShared& s) {
         if (lane == 0) s.pad_total = carry;
     }
     __syncthreads();
-    const int V = p.row_bytes / 16;
     char* me = comm::buf(l, l.rank);
     for (int i = blockIdx.x * kWarps + (threadIdx.x >> 5); i < s.pad_total; i += gridDim.x * kWarps) {
         int lo = 0, hi = El - 1;  // last expert whose padding starts at or before i
@@ -230,11 +240,13 @@ __device__ void zero_padding(const DispatchParams& p, DispatchShared& s) {
         }
         const int row = s.seg_base[lo] + s.count[lo] + (i - s.pad_start[lo]);
         char* dst = me + l.off_out_rows + size_t(row) * p.row_bytes;
-        for (int v = lane; v < V; v += 32) ptx::st_v4(dst + v * 16, make_uint4(0, 0, 0, 0));
+        for (int c = lane * kChunkBytes; c < p.row_bytes; c += 32 * kChunkBytes)
+            ptx::bulk_store(dst + c, zero_chunk(), min(kChunkBytes, p.row_bytes - c));
         float* sc = reinterpret_cast<float*>(me + l.off_out_scales) + size_t(row) * p.scales_per_row;
         for (int c = lane; c < p.scales_per_row; c += 32) sc[c] = 0.f;
         if (lane == 0 && p.mode == kFull) reinterpret_cast<float*>(me + l.off_out_probs)[row] = 0.f;
     }
+    ptx::bulk_commit_group();
 }
 
 // Step 4, rows: warp per (source, token). Lane k < K holds slot k's destination row here (−1
@@ -266,6 +278,8 @@ __device__ void pull_rows(const DispatchParams& p, const DispatchShared& s) {
         return m;
     };
     const int stride = gridDim.x * kWarps;
+    char* chunks = warp_chunks();
+    int half = 0;  // which of the warp's two chunks the next row chunk goes to
     int next = load_meta(blockIdx.x * kWarps + (threadIdx.x >> 5));
     for (int task = blockIdx.x * kWarps + (threadIdx.x >> 5); task < total; task += stride) {
         const int m = next;
@@ -306,15 +320,23 @@ __device__ void pull_rows(const DispatchParams& p, const DispatchShared& s) {
                 const int c = c0 + u * 32 + lane;
                 if (c < V) v[u] = ptx::ld_nc_v4(in + c * 16);
             }
+            // The bulk stores that last read this chunk (two chunks ago) must be done reading it.
+            char* chunk = chunks + half * kChunkBytes;
+            half ^= 1;
+            if (lane == 0) ptx::bulk_wait_group_read<1>();
+            __syncwarp();
 #pragma unroll
-            for (int k = 0; k < kMaxTopk; ++k) {
-                if (drow[k] < 0) continue;
-                char* dst = out + l.off_out_rows + size_t(drow[k]) * p.row_bytes;
+            for (int u = 0; u < kRowUnroll; ++u)
+                if (c0 + u * 32 + lane < V) reinterpret_cast<uint4*>(chunk)[u * 32 + lane] = v[u];
+            ptx::fence_proxy_async_shared();
+            __syncwarp();
+            if (lane == 0) {
+                const int bytes = min(32 * kRowUnroll, V - c0) * 16;
 #pragma unroll
-                for (int u = 0; u < kRowUnroll; ++u) {
-                    const int c = c0 + u * 32 + lane;
-                    if (c < V) ptx::st_v4(dst + c * 16, v[u]);
-                }
+                for (int k = 0; k < kMaxTopk; ++k)
+                    if (drow[k] >= 0)
+                        ptx::bulk_store(out + l.off_out_rows + size_t(drow[k]) * p.row_bytes + c0 * 16, chunk, bytes);
+                ptx::bulk_commit_group();
             }
         }
         if (S) {
@@ -358,6 +380,7 @@ __device__ void dispatch_kernel(const DispatchParams& p) {
     if (!s.skip) {
         if (p.mode != kUnpermuted) zero_padding(p, s);
         pull_rows(p, s);
+        ptx::bulk_wait_group_all();
     }
     // Every block tells every source it is done reading from it; the last wait keeps this
     // rank's inputs and meta alive until every rank is done with them.

@@ -8,7 +8,8 @@
 //      (a stable per-expert scan); push this rank's per-expert counts and T to every rank.
 //   2. raise kDispatchReady everywhere; wait for it from every rank.
 //   3. layout: from the count matrix every block derives segment bases and source prefixes
-//      (the same arithmetic as plan.rs), checks every rank's validation status and the row bound.
+//      (the layout of megamoe-core's PermutePlan), checks every rank's validation status and
+//      the row bound.
 //   4. pull: warp per (source, token): read its meta remotely, its row once (into registers,
 //      then a shared-memory chunk), and bulk-copy the chunk to each destination row (TMA
 //      stores: the fan-out costs no store instructions per lane); bulk-copy a chunk of zeros to
@@ -28,11 +29,9 @@ enum DispatchMode : int {
     kUnpermuted = 2,  // the benchmark's "dispatch alone": one row per (source, token), no permute
 };
 
-constexpr int kTileTokens = 512;
 constexpr int kRowUnroll = kChunkBytes / (32 * 16);  // 16-byte vectors per lane per row chunk
 
 struct DispatchShared {
-    int tile[kTileTokens * kMaxTopk];
     int send_base[kMaxExperts];  // seg_base[e] + rows of lower source ranks, for this rank's tokens
     int recv_base[kMaxExperts];  // [R][E_l]: first row of source s's run in local expert j
     int seg_base[kMaxExperts];   // [E_l] local segment starts
@@ -62,7 +61,7 @@ __device__ __forceinline__ char* warp_chunks() { return dispatch_smem + (threadI
 __device__ __forceinline__ char* zero_chunk() { return dispatch_smem + 2 * kWarps * kChunkBytes; }
 
 // Step 1. Meta row of token t: idx[K], pos[K], prob bits[K].
-__device__ void dispatch_meta(const DispatchParams& p, DispatchShared& s, u64 epoch) {
+__device__ void dispatch_meta(const DispatchParams& p, u64 epoch) {
     const Layout& l = p.l;
     const int K = l.topk, E = l.experts, T = p.tokens;
     const int* idx = reinterpret_cast<const int*>(p.topk_idx);
@@ -89,16 +88,19 @@ __device__ void dispatch_meta(const DispatchParams& p, DispatchShared& s, u64 ep
         }
     }
 
-    // Stable per-expert scan: warp per expert over smem tiles of topk_idx.
+    // Stable per-expert scan: warp per expert over tiles of topk_idx in shared memory. The tiles
+    // use the row chunks' memory (idle until the rows move): 4096 tokens of top-6 in one tile.
+    int* tile = reinterpret_cast<int*>(dispatch_smem);
+    const int tile_tokens = kDispatchDynamicSmem / (4 * K);
     const int nwarps = gridDim.x * kWarps, gw = blockIdx.x * kWarps + warp;
     const int rounds = (E + nwarps - 1) / nwarps;
     for (int r = 0; r < rounds; ++r) {
         const int e = r * nwarps + gw;
         int running = 0;
-        for (int t0 = 0; t0 < T; t0 += kTileTokens) {
-            const int n = min(kTileTokens, T - t0);
+        for (int t0 = 0; t0 < T; t0 += tile_tokens) {
+            const int n = min(tile_tokens, T - t0);
             __syncthreads();
-            for (int i = threadIdx.x; i < n * K; i += blockDim.x) s.tile[i] = idx[t0 * K + i];
+            for (int i = threadIdx.x; i < n * K; i += blockDim.x) tile[i] = idx[t0 * K + i];
             __syncthreads();
             if (e >= E) continue;
             for (int tt = 0; tt < n; tt += 32) {
@@ -106,7 +108,7 @@ __device__ void dispatch_meta(const DispatchParams& p, DispatchShared& s, u64 ep
                 int hit = -1;
                 if (t < n)
                     for (int k = 0; k < K; ++k)
-                        if (s.tile[t * K + k] == e) hit = k;
+                        if (tile[t * K + k] == e) hit = k;
                 const u32 mask = __ballot_sync(0xffffffffu, hit >= 0);
                 if (hit >= 0) meta[(t0 + t) * 3 * K + K + hit] = running + __popc(mask & megamoe::lanemask_lt());
                 running += __popc(mask);
@@ -123,7 +125,7 @@ __device__ void dispatch_meta(const DispatchParams& p, DispatchShared& s, u64 ep
     }
 }
 
-// Step 3: the same arithmetic as PermutePlan::build, from the exchanged count matrix. Warp d
+// Step 3: the layout of megamoe-core's plan_permute, from the exchanged count matrix. Warp d
 // scans owner d's experts (32 at a time).
 __device__ void dispatch_layout(const DispatchParams& p, DispatchShared& s, u64 epoch) {
     const Layout& l = p.l;
@@ -358,7 +360,7 @@ __device__ void dispatch_kernel(const DispatchParams& p) {
     const Layout& l = p.l;
     const bool fresh = p.mode != kCached;  // routing comes with the call, not from a handle
     const u64 epoch = comm::read_epoch(l, kDispatchFamily, &s.epoch);
-    if (fresh) dispatch_meta(p, s, epoch);
+    if (fresh) dispatch_meta(p, epoch);
     comm::raise_on_all(l, kDispatchReady);
     if (!comm::wait_all(l, kDispatchReady, epoch, &s.ok)) return;
     if (fresh) {

@@ -25,13 +25,17 @@ pub struct GpuCheck {
 
 const POISON: u8 = 0xA5;
 
+/// Tokens per rank of the small checks.
+const SMALL_TOKENS: usize = 256;
+
 fn small(ranks: usize) -> BufferSpec {
     BufferSpec {
         ranks,
         experts: 64,
         topk: 6,
         hidden: 512,
-        max_tokens: 256,
+        // The uneven routing may give one rank every token of the world.
+        max_tokens: SMALL_TOKENS * ranks,
         max_pad_multiple: 128,
     }
 }
@@ -97,7 +101,7 @@ pub fn gpu_checks() -> Vec<GpuCheck> {
                             round_trip(
                                 &world,
                                 routing,
-                                256,
+                                SMALL_TOKENS,
                                 pad,
                                 (ranks * 100 + i * 10 + j) as u64,
                             )?;
@@ -165,6 +169,7 @@ fn s<E: std::fmt::Display>(e: E) -> String {
 /// Generated inputs of one rank for one round: `rows` are bf16 bytes, or e4m3 codes with
 /// their per-128 scales.
 struct RankData {
+    dtype: RowDtype,
     tokens: usize,
     idx: Vec<i32>,
     x: Vec<bf16>,
@@ -175,13 +180,12 @@ struct RankData {
 
 impl RankData {
     fn rows(&self) -> Rows<'_> {
-        if self.scales.is_empty() {
-            Rows::Bf16(&self.x)
-        } else {
-            Rows::Fp8 {
+        match self.dtype {
+            RowDtype::Bf16 => Rows::Bf16(&self.x),
+            RowDtype::Fp8 => Rows::Fp8 {
                 data: &self.rows,
                 scales: &self.scales,
-            }
+            },
         }
     }
 }
@@ -200,15 +204,20 @@ fn random_f32(seed: u64, n: usize) -> Vec<f32> {
         .collect()
 }
 
-fn make_data(world: &EpWorld, routing: Routing, tokens: usize, seed: u64) -> Vec<RankData> {
-    let spec = world.config.spec;
+fn make_data(
+    spec: BufferSpec,
+    dtype: RowDtype,
+    routing: Routing,
+    tokens: usize,
+    seed: u64,
+) -> Vec<RankData> {
     let generated = generate_world(spec.shape(), spec.ranks, tokens, &routing.spec(seed))
         .expect("the check's shapes are valid");
     generated
         .ranks
         .into_iter()
         .map(|r| {
-            let (rows, scales) = match world.config.dtype {
+            let (rows, scales) = match dtype {
                 RowDtype::Bf16 => (bytemuck_bf16(&r.x).to_vec(), vec![]),
                 RowDtype::Fp8 => {
                     let f: Vec<f32> = r.x.iter().map(|v| v.to_f32()).collect();
@@ -218,6 +227,7 @@ fn make_data(world: &EpWorld, routing: Routing, tokens: usize, seed: u64) -> Vec
                 }
             };
             RankData {
+                dtype,
                 tokens: r.tokens,
                 idx: r.topk_idx,
                 x: r.x,
@@ -244,7 +254,7 @@ fn expected_dispatch(spec: BufferSpec, data: &[RankData], pad: usize) -> Result<
     let idx: Vec<&[i32]> = data.iter().map(|d| d.idx.as_slice()).collect();
     let probs: Vec<&[f32]> = data.iter().map(|d| d.probs.as_slice()).collect();
     let tpe = |v: &[usize]| v.iter().map(|&n| n as u32).collect::<Vec<u32>>();
-    if data.iter().all(|d| d.scales.is_empty()) {
+    if data.iter().all(|d| d.dtype == RowDtype::Bf16) {
         let x: Vec<Bf16Rows> = data
             .iter()
             .map(|d| Bf16Rows {
@@ -344,7 +354,7 @@ fn round_trip(
     let (h, k, ranks) = (spec.hidden, spec.topk, spec.ranks);
     let row_bytes = dtype.row_bytes(h);
     let spr = dtype.scales_per_row(h);
-    let data = make_data(world, routing, tokens, seed);
+    let data = make_data(spec, dtype, routing, tokens, seed);
     let ctx = |what: &str| format!("{} pad {pad} seed {seed}: {what}", routing.name());
     let tokens: Vec<usize> = data.iter().map(|d| d.tokens).collect();
     let want = expected_dispatch(spec, &data, pad)?;
@@ -482,7 +492,7 @@ fn round_trip(
 
 fn bad_input(spec: BufferSpec) -> Result<String, String> {
     let world = world(spec, RowDtype::Bf16, 16)?;
-    let data = make_data(&world, Routing::Uniform, 64, 5);
+    let data = make_data(spec, RowDtype::Bf16, Routing::Uniform, 64, 5);
     let mut handle = world.new_handle().map_err(s)?;
     let upload = |r: usize, idx: &[i32]| {
         let d = &data[r];
@@ -596,7 +606,7 @@ fn bad_input(spec: BufferSpec) -> Result<String, String> {
 
 fn overflow(spec: BufferSpec) -> Result<String, String> {
     let world = world(spec, RowDtype::Bf16, 16)?;
-    let data = make_data(&world, Routing::Uniform, 128, 8);
+    let data = make_data(spec, RowDtype::Bf16, Routing::Uniform, 128, 8);
     for (r, d) in data.iter().enumerate() {
         world
             .upload_inputs(r, d.tokens, d.rows(), &d.idx, &d.probs)
@@ -645,7 +655,7 @@ fn graph_replay(spec: BufferSpec) -> Result<String, String> {
         (42, Routing::Zipf),
         (43, Routing::Masked),
     ] {
-        let data = make_data(&world, routing, 200, seed);
+        let data = make_data(spec, RowDtype::Bf16, routing, 200, seed);
         let want = expected_dispatch(spec, &data, 16)?;
         let comb: Vec<Vec<bf16>> = (0..ranks)
             .map(|r| {
@@ -726,5 +736,40 @@ fn missing_rank(spec: BufferSpec) -> Result<String, String> {
             "expected rank 0 to time out on rank 1 within 2 s, got {other:?} after {:.2} s",
             start.elapsed().as_secs_f64()
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression: the uneven routing gave a rank more tokens than the small checks' buffer
+    /// held, and a rank without tokens of an FP8 world uploaded bf16 rows.
+    #[test]
+    fn every_checks_inputs_fit_its_buffer_and_the_reference_accepts_them() {
+        for ranks in [2, 4, 8] {
+            let spec = small(ranks);
+            for dtype in [RowDtype::Bf16, RowDtype::Fp8] {
+                for routing in Routing::ALL {
+                    let data = make_data(spec, dtype, routing, SMALL_TOKENS, 7);
+                    assert_eq!(data.len(), ranks);
+                    for d in &data {
+                        assert!(d.tokens <= spec.max_tokens, "{routing:?}: {}", d.tokens);
+                        let fp8 = matches!(d.rows(), Rows::Fp8 { .. });
+                        assert_eq!(fp8, dtype == RowDtype::Fp8);
+                    }
+                    let want = expected_dispatch(spec, &data, 16).unwrap();
+                    for (r, rows) in want.rows.iter().enumerate() {
+                        let n = want.handle.plans[r].output_rows();
+                        assert!(n <= spec.max_rows());
+                        assert_eq!(rows.len(), n * dtype.row_bytes(spec.hidden));
+                        assert_eq!(
+                            want.scales[r].len(),
+                            n * dtype.scales_per_row(spec.hidden) * 4
+                        );
+                    }
+                }
+            }
+        }
     }
 }

@@ -25,6 +25,9 @@ pub struct GpuCheck {
 
 const POISON: u8 = 0xA5;
 
+/// A check on a world of the given buffer spec.
+type SpecCheck = fn(BufferSpec) -> Result<String, String>;
+
 /// Tokens per rank of the small checks.
 const SMALL_TOKENS: usize = 256;
 
@@ -130,22 +133,18 @@ pub fn gpu_checks() -> Vec<GpuCheck> {
             }),
         });
     }
-    checks.push(GpuCheck {
-        name: "ep.rejects_bad_input_before_sending".into(),
-        run: Box::new(|| bad_input(small(2))),
-    });
-    checks.push(GpuCheck {
-        name: "ep.nonblocking_overflow_is_an_error".into(),
-        run: Box::new(|| overflow(small(2))),
-    });
-    checks.push(GpuCheck {
-        name: "ep.graph_capture_replay_with_new_inputs".into(),
-        run: Box::new(|| graph_replay(small(2))),
-    });
-    checks.push(GpuCheck {
-        name: "ep.missing_rank_fails_within_the_deadline".into(),
-        run: Box::new(|| missing_rank(small(2))),
-    });
+    let two_rank_checks: [(&str, SpecCheck); 4] = [
+        ("ep.rejects_bad_input_before_sending", bad_input),
+        ("ep.nonblocking_overflow_is_an_error", overflow),
+        ("ep.graph_capture_replay_with_new_inputs", graph_replay),
+        ("ep.missing_rank_fails_within_the_deadline", missing_rank),
+    ];
+    for (name, check) in two_rank_checks {
+        checks.push(GpuCheck {
+            name: name.into(),
+            run: Box::new(move || check(small(2))),
+        });
+    }
     checks
 }
 

@@ -355,14 +355,9 @@ impl EpWorld {
             ));
         }
         let row_bound = self.row_bound(mode)?;
-        let dtype = self.config.dtype;
-        let (row_bytes, spr) = (dtype.row_bytes(s.hidden), dtype.scales_per_row(s.hidden));
-        self.launch_dispatch_on(
-            0..self.ranks(),
+        self.launch_input_rows(
             tokens,
             pad_multiple,
-            row_bytes,
-            spr,
             row_bound,
             params::DISPATCH_FULL,
             handle,
@@ -456,17 +451,33 @@ impl EpWorld {
         handle: &Handle,
     ) -> Result<(), EpError> {
         self.check_tokens(tokens)?;
-        let s = &self.config.spec;
-        let dtype = self.config.dtype;
-        let (row_bytes, spr) = (dtype.row_bytes(s.hidden), dtype.scales_per_row(s.hidden));
+        self.launch_input_rows(
+            tokens,
+            pad_multiple,
+            self.config.spec.max_rows(),
+            params::DISPATCH_UNPERMUTED,
+            handle,
+        )
+    }
+
+    /// Launches the dispatch kernel on every rank for the input rows (the buffer's dtype).
+    fn launch_input_rows(
+        &self,
+        tokens: &[usize],
+        pad_multiple: usize,
+        row_bound: usize,
+        mode: i32,
+        handle: &Handle,
+    ) -> Result<(), EpError> {
+        let (h, dtype) = (self.config.spec.hidden, self.config.dtype);
         self.launch_dispatch_on(
             0..self.ranks(),
             tokens,
             pad_multiple,
-            row_bytes,
-            spr,
-            s.max_rows(),
-            params::DISPATCH_UNPERMUTED,
+            dtype.row_bytes(h),
+            dtype.scales_per_row(h),
+            row_bound,
+            mode,
             handle,
         )
     }

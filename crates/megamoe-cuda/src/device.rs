@@ -325,6 +325,49 @@ impl Gpu {
         }
     }
 
+    /// Starts recording this stream's work into a graph instead of running it.
+    pub fn begin_capture(&self) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the stream belongs to the bound context.
+        check("cuStreamBeginCapture", unsafe {
+            sys::cuStreamBeginCapture_v2(
+                self.cu_stream(),
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+            )
+        })
+    }
+
+    /// Ends the capture begun by [`Gpu::begin_capture`] and instantiates what was recorded.
+    pub fn end_capture(&self) -> Result<Graph> {
+        self.bind()?;
+        let mut graph = std::ptr::null_mut();
+        // SAFETY: the stream is capturing on the bound context.
+        check("cuStreamEndCapture", unsafe {
+            sys::cuStreamEndCapture(self.cu_stream(), &mut graph)
+        })?;
+        let mut exec = std::ptr::null_mut();
+        // SAFETY: a complete graph of this context; it is destroyed once instantiated.
+        let instantiated = check("cuGraphInstantiate", unsafe {
+            sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0)
+        });
+        // SAFETY: the graph is not used after this.
+        unsafe { sys::cuGraphDestroy(graph) };
+        instantiated?;
+        Ok(Graph {
+            exec,
+            ctx: self.ctx.clone(),
+        })
+    }
+
+    /// Launches a captured graph on this stream.
+    pub fn launch_graph(&self, graph: &Graph) -> Result<()> {
+        self.bind()?;
+        // SAFETY: graph and stream belong to the bound context.
+        check("cuGraphLaunch", unsafe {
+            sys::cuGraphLaunch(graph.exec, self.cu_stream())
+        })
+    }
+
     /// Two timing events (`CU_EVENT_DEFAULT`) on this stream.
     pub fn timer(&self) -> Result<Timer> {
         self.bind()?;
@@ -475,10 +518,21 @@ impl DeviceBuffer {
 
     /// Sets every byte to `value` (ordered on the stream, waits for completion).
     pub fn memset(&self, value: u8) -> Result<()> {
+        self.fill(0, self.bytes, value)
+    }
+
+    /// Sets `bytes` bytes from byte `offset` to `value` (ordered on the stream, waits).
+    pub fn fill(&self, offset: usize, bytes: usize, value: u8) -> Result<()> {
+        self.fits("bytes", offset, bytes)?;
         self.ctx.bind_to_thread()?;
-        // SAFETY: the whole allocation.
+        // SAFETY: the range lies inside the allocation.
         check("cuMemsetD8Async", unsafe {
-            sys::cuMemsetD8Async(self.ptr, value, self.bytes, self.stream.cu_stream())
+            sys::cuMemsetD8Async(
+                self.ptr + offset as u64,
+                value,
+                bytes,
+                self.stream.cu_stream(),
+            )
         })?;
         Ok(self.stream.synchronize()?)
     }
@@ -578,6 +632,25 @@ impl LaunchConfig {
             }
         }
         Ok(())
+    }
+}
+
+/// An instantiated CUDA graph ([`Gpu::end_capture`]), destroyed on drop.
+pub struct Graph {
+    exec: sys::CUgraphExec,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: the handle is only used with its context bound on the calling thread.
+unsafe impl Send for Graph {}
+unsafe impl Sync for Graph {}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: instantiated on this context, destroyed once.
+            let _ = unsafe { sys::cuGraphExecDestroy(self.exec) };
+        }
     }
 }
 

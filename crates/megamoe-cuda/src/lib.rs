@@ -29,7 +29,8 @@
 //! ```
 //!
 //! - [`Gpu`]: a device's primary context plus a stream of its own ([`Gpu::all`], [`Gpu::new`],
-//!   [`Gpu::with_new_stream`] for a second stream on the same device). Buffers
+//!   [`Gpu::with_new_stream`] for a second stream on the same device; graph capture and replay).
+//!   Buffers
 //!   ([`DeviceBuffer`]: `upload`, `download`, `memset`, `ptr() -> u64`), peer access, copy-engine
 //!   copies, module loading ([`Gpu::load`]) and [`Gpu::launch`].
 //! - [`LaunchConfig`]: grid, block, dynamic shared memory (the function's limit is raised above
@@ -68,7 +69,9 @@ pub mod selftest;
 pub mod tma;
 pub mod wait;
 
-pub use device::{device_count, DeviceBuffer, Gpu, GpuProps, Kernel, LaunchConfig, Pod, Timer};
+pub use device::{
+    device_count, DeviceBuffer, Gpu, GpuProps, Graph, Kernel, LaunchConfig, Pod, Timer,
+};
 pub use error::{Error, Result};
 pub use jit::{CompiledKernel, KernelSpec};
 pub use quant::Quantizer;

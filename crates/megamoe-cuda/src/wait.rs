@@ -14,19 +14,34 @@ pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(5);
 pub enum Wait {
     RankBarrier = 1,
     TmaLoad = 2,
+    DispatchReady = 3,
+    DispatchDone = 4,
+    CombineReady = 5,
+    CombineDone = 6,
 }
 
 impl Wait {
     pub fn from_raw(raw: u32) -> Option<Wait> {
-        [Wait::RankBarrier, Wait::TmaLoad]
-            .into_iter()
-            .find(|w| *w as u32 == raw)
+        [
+            Wait::RankBarrier,
+            Wait::TmaLoad,
+            Wait::DispatchReady,
+            Wait::DispatchDone,
+            Wait::CombineReady,
+            Wait::CombineDone,
+        ]
+        .into_iter()
+        .find(|w| *w as u32 == raw)
     }
 
     pub fn name(self) -> &'static str {
         match self {
             Wait::RankBarrier => "rank barrier",
             Wait::TmaLoad => "TMA load",
+            Wait::DispatchReady => "dispatch ready",
+            Wait::DispatchDone => "dispatch done",
+            Wait::CombineReady => "combine ready",
+            Wait::CombineDone => "combine done",
         }
     }
 }

@@ -42,6 +42,8 @@ enum Bench {
     Nvlink(cmd::bench_nvlink::Args),
     /// bf16 -> e4m3 per-128 quantization against the HBM floor.
     Quant(cmd::bench_quant::Args),
+    /// Dispatch and combine with fused permute, against the NCCL all-to-all path.
+    Dispatch(cmd::bench_dispatch::Args),
 }
 
 fn main() -> ExitCode {
@@ -54,6 +56,7 @@ fn main() -> ExitCode {
         Command::Bench(Bench::Gemm(args)) => cmd::bench_gemm::run(args),
         Command::Bench(Bench::Nvlink(args)) => cmd::bench_nvlink::run(args),
         Command::Bench(Bench::Quant(args)) => cmd::bench_quant::run(args),
+        Command::Bench(Bench::Dispatch(args)) => cmd::bench_dispatch::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

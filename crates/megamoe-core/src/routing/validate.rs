@@ -74,7 +74,7 @@ pub(crate) fn check_len(arg: &'static str, got: usize, expected: usize) -> Resul
 
 /// Every entry in [0, E) or −1, and no expert twice in one row of K slots.
 /// `topk_idx.len()` must be a multiple of K (checked by the callers' length checks).
-pub(crate) fn check_topk_idx(arg: &'static str, shape: Shape, topk_idx: &[i32]) -> Result<()> {
+pub fn check_topk_idx(arg: &'static str, shape: Shape, topk_idx: &[i32]) -> Result<()> {
     for (row, slots) in topk_idx.chunks(shape.topk).enumerate() {
         for (slot, &value) in slots.iter().enumerate() {
             if value < -1 || value as i64 >= shape.experts as i64 {

@@ -1,5 +1,6 @@
 //! One file per subcommand.
 
+pub mod bench_dispatch;
 pub mod bench_gemm;
 pub mod bench_nvlink;
 pub mod bench_quant;

@@ -1,5 +1,5 @@
-//! `megamoe selftest`: every GPU check the binary holds (the runtime's, then the grouped
-//! GEMM's), pass/fail per check.
+//! `megamoe selftest`: every GPU check the binary holds (the runtime's, the grouped GEMM's,
+//! then dispatch/combine's), pass/fail per check.
 
 use megamoe_cuda::Gpu;
 use std::time::Instant;
@@ -33,6 +33,9 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         let gpu = gpu.clone();
         let run: CheckFn = Box::new(move || (check.run)(&gpu));
         checks.push((check.name, run));
+    }
+    for check in megamoe_ep::selftest::gpu_checks() {
+        checks.push((check.name, check.run));
     }
     checks.retain(|(name, _)| args.only.as_deref().is_none_or(|o| name.contains(o)));
     if checks.is_empty() {

@@ -12,6 +12,10 @@ namespace megamoe::comm {
 enum class Wait : u32 {
   RankBarrier = 1,
   TmaLoad = 2,
+  DispatchReady = 3,
+  DispatchDone = 4,
+  CombineReady = 5,
+  CombineDone = 6,
 };
 
 struct WaitRecord {

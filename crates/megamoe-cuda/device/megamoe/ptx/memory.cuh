@@ -45,6 +45,11 @@ __device__ __forceinline__ void st_release_sys(u64* p, u64 v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
+// Adds to a counter that peers wait on, releasing this thread's earlier writes to them.
+__device__ __forceinline__ void red_release_sys_add(u64* p, u64 v) {
+  asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
 __device__ __forceinline__ u32 atomic_cas_u32(u32* p, u32 expected, u32 desired) {
   u32 old;
   asm volatile("atom.cas.relaxed.gpu.global.b32 %0, [%1], %2, %3;"

@@ -1,4 +1,5 @@
-// Bulk tensor copies (TMA) completing on an mbarrier, and the mbarrier operations they need.
+// Bulk tensor copies (TMA) completing on an mbarrier, and the mbarrier operations they need;
+// plain bulk stores from shared memory, tracked by the issuing thread's bulk groups.
 #pragma once
 #include <megamoe/common.cuh>
 
@@ -46,6 +47,36 @@ __device__ __forceinline__ void tma_load_2d(void* smem_dst, const TensorMap* map
       "[%0], [%1, {%3, %4}], [%2];" ::"r"(smem_addr(smem_dst)),
       "l"(map), "r"(smem_addr(bar)), "r"(x), "r"(y)
       : "memory");
+}
+
+// Orders this thread's earlier generic-proxy writes to shared memory before later bulk copies
+// (async proxy) read it; every writing thread fences, then a barrier, then the copy is issued.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) from shared to global memory
+// without passing through registers; part of this thread's next committed bulk group.
+__device__ __forceinline__ void bulk_store(void* gmem_dst, const void* smem_src, u32 bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(gmem_dst),
+               "r"(smem_addr(smem_src)), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void bulk_commit_group() {
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+
+// Waits until at most `Pending` of this thread's committed bulk groups still read their shared
+// memory source (the source may then be rewritten).
+template <int Pending>
+__device__ __forceinline__ void bulk_wait_group_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(Pending) : "memory");
+}
+
+// Waits until every committed bulk group of this thread has completed its writes.
+__device__ __forceinline__ void bulk_wait_group_all() {
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
 }  // namespace megamoe::ptx

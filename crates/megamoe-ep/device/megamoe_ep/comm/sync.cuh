@@ -1,0 +1,96 @@
+// Cross-rank signalling: epoch-counted signals, deadline-bounded waits (recorded in the rank's
+// megamoe::comm::WaitRecord), the record of the other errors.
+//
+// Every launch of a kernel family adds exactly kUnit to each signal it raises, whatever its grid
+// size (block 0 adds kUnit - (gridDim.x - 1), every other block 1), so after the n-th call of a
+// family a signal reads n * kUnit and waits need no reset. The call number (epoch) is read from
+// the local buffer at kernel start and stored back by block 0 after the kernel's final wait,
+// which every block of the rank must have reached: so captured graphs replay correctly.
+#pragma once
+#include <megamoe/comm/deadline.cuh>
+#include <megamoe/ptx/memory.cuh>
+#include <megamoe_ep/params.cuh>
+
+namespace ep::comm {
+
+constexpr u64 kUnit = 1ull << 20;
+
+__device__ __forceinline__ char* buf(const Layout& l, int rank) { return reinterpret_cast<char*>(l.peer_base[rank]); }
+
+__device__ __forceinline__ u64* signal(const Layout& l, int owner, int kind, int source) {
+    return reinterpret_cast<u64*>(buf(l, owner) + l.off_signals) + kind * kMaxRanks + source;
+}
+
+__device__ __forceinline__ ErrorRecord* error_record(const Layout& l) {
+    return reinterpret_cast<ErrorRecord*>(buf(l, l.rank) + l.off_error);
+}
+
+// The first error of a call wins; later ones are dropped.
+__device__ __forceinline__ void record_error(const Layout& l, u32 code, u32 what, u32 peer, u64 seen, u64 expected) {
+    ErrorRecord* e = error_record(l);
+    if (atomicCAS(&e->code, 0u, code) == 0u) {
+        e->rank = l.rank;
+        e->what = what;
+        e->peer = peer;
+        e->seen = seen;
+        e->expected = expected;
+        __threadfence();
+    }
+}
+
+// Called by every block once its threads' writes are done (the barrier orders them before the
+// release): raise `kind` on every rank's buffer.
+__device__ __forceinline__ void arrive_all(const Layout& l, int kind) {
+    __syncthreads();
+    if (threadIdx.x < l.ranks) {
+        u64 add = blockIdx.x == 0 ? kUnit - (gridDim.x - 1) : 1;
+        ptx::red_release_sys_add(signal(l, threadIdx.x, kind, l.rank), add);
+    }
+}
+
+// As arrive_all, for writes a peer may read through another path than the signal (the fence
+// makes them visible system-wide first).
+__device__ __forceinline__ void raise_on_all(const Layout& l, int kind) {
+    __threadfence_system();
+    arrive_all(l, kind);
+}
+
+// The runtime's name of each signal's wait (`megamoe_cuda::Wait`).
+__device__ __forceinline__ megamoe::comm::Wait wait_of(int kind) {
+    return static_cast<megamoe::comm::Wait>(u32(megamoe::comm::Wait::DispatchReady) + kind);
+}
+
+// Every block waits until `kind` from every source reached epoch * kUnit. Returns false (after
+// recording which wait expired) when the deadline passed.
+__device__ __forceinline__ bool wait_all(const Layout& l, int kind, u64 epoch, int* s_ok) {
+    if (threadIdx.x == 0) *s_ok = 1;
+    __syncthreads();
+    if (threadIdx.x < l.ranks) {
+        const u64* f = signal(l, l.rank, kind, threadIdx.x);
+        const u64 target = epoch * kUnit;
+        const auto deadline = megamoe::comm::Deadline::after(l.deadline_ns);
+        u64 v;
+        while ((v = ptx::ld_acquire_sys(f)) < target) {
+            if (deadline.expired()) {
+                megamoe::comm::report_timeout(reinterpret_cast<megamoe::comm::WaitRecord*>(l.wait_record), wait_of(kind),
+                                              l.rank, threadIdx.x, v, target);
+                *s_ok = 0;
+                break;
+            }
+        }
+    }
+    __syncthreads();
+    return *s_ok != 0;
+}
+
+__device__ __forceinline__ u64 read_epoch(const Layout& l, int family, u64* s_epoch) {
+    if (threadIdx.x == 0) *s_epoch = reinterpret_cast<volatile u64*>(buf(l, l.rank) + l.off_epochs)[family] + 1;
+    __syncthreads();
+    return *s_epoch;
+}
+
+__device__ __forceinline__ void store_epoch(const Layout& l, int family, u64 epoch) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) reinterpret_cast<volatile u64*>(buf(l, l.rank) + l.off_epochs)[family] = epoch;
+}
+
+}  // namespace ep::comm

@@ -1,0 +1,394 @@
+// dispatch_with_permute (SPEC §5): every rank PULLS each source token it needs once over NVLink
+// and stores it straight into every final, expert-grouped, padded row it owns for that token.
+// Pulling de-duplicates: a token routed to several experts of one rank crosses NVLink once.
+//
+// Full mode, per rank:
+//   1. meta: validate topk_idx, write (idx, pos, prob) of every local slot into the local meta
+//      region, where pos is the token's index among this rank's tokens routed to that expert
+//      (a stable per-expert scan); push this rank's per-expert counts and T to every rank.
+//   2. raise kDispatchReady everywhere; wait for it from every rank.
+//   3. layout: from the count matrix every block derives segment bases and source prefixes
+//      (the layout of megamoe-core's PermutePlan), checks every rank's validation status and
+//      the row bound.
+//   4. pull: warp per (source, token): read its meta remotely, its row once (into registers,
+//      then a shared-memory chunk), and bulk-copy the chunk to each destination row (TMA
+//      stores: the fan-out costs no store instructions per lane); bulk-copy a chunk of zeros to
+//      every padding row; record everything the handle needs.
+//   5. raise kDispatchDone on every source; wait until every rank is done reading from us.
+// Cached mode (the backward of combine): steps 2, 4, 5 only, with the rows taken from the handle.
+#pragma once
+#include <megamoe/ptx/tma.cuh>
+#include <megamoe_ep/comm/sync.cuh>
+
+namespace ep {
+
+// DispatchParams::mode
+enum DispatchMode : int {
+    kFull = 0,        // dispatch_with_permute
+    kCached = 1,      // combine's backward: rows along a previous dispatch's handle
+    kUnpermuted = 2,  // the benchmark's "dispatch alone": one row per (source, token), no permute
+};
+
+constexpr int kRowUnroll = kChunkBytes / (32 * 16);  // 16-byte vectors per lane per row chunk
+
+struct DispatchShared {
+    int send_base[kMaxExperts];  // seg_base[e] + rows of lower source ranks, for this rank's tokens
+    int recv_base[kMaxExperts];  // [R][E_l]: first row of source s's run in local expert j
+    int seg_base[kMaxExperts];   // [E_l] local segment starts
+    int count[kMaxExperts];      // [E_l] local unpadded rows
+    int padded[kMaxExperts];     // [E_l]
+    int pad_start[kMaxExperts];  // [E_l] exclusive prefix of padding rows
+    int pad_total;
+    int tokens[kMaxRanks];       // T of every source rank
+    int ok;
+    int skip;
+    u64 epoch;
+};
+
+__device__ __forceinline__ int* meta_of(const Layout& l, int rank) {
+    return reinterpret_cast<int*>(comm::buf(l, rank) + l.off_meta);
+}
+__device__ __forceinline__ int* count_rows(const Layout& l) {
+    return reinterpret_cast<int*>(comm::buf(l, l.rank) + l.off_counts);
+}
+__device__ __forceinline__ int* handle_i32(const Layout& l, u64 off) {
+    return reinterpret_cast<int*>(l.handle + off);
+}
+
+// Dynamic shared memory: [kWarps][2] row chunks, then one chunk of zeros.
+extern __shared__ __align__(128) char dispatch_smem[];
+__device__ __forceinline__ char* warp_chunks() { return dispatch_smem + (threadIdx.x >> 5) * 2 * kChunkBytes; }
+__device__ __forceinline__ char* zero_chunk() { return dispatch_smem + 2 * kWarps * kChunkBytes; }
+
+// Step 1. Meta row of token t: idx[K], pos[K], prob bits[K].
+__device__ void dispatch_meta(const DispatchParams& p, u64 epoch) {
+    const Layout& l = p.l;
+    const int K = l.topk, E = l.experts, T = p.tokens;
+    const int* idx = reinterpret_cast<const int*>(p.topk_idx);
+    const float* probs = reinterpret_cast<const float*>(p.probs);
+    int* meta = meta_of(l, l.rank);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
+    // Validation and the idx/prob copy: thread per token. The first bad slot (lowest t*K+k) of a
+    // rank is reported on every rank through an epoch-tagged atomicMax.
+    for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < T; t += gridDim.x * blockDim.x) {
+        int bad = -1;
+        for (int k = 0; k < K; ++k) {
+            int e = idx[t * K + k];
+            meta[t * 3 * K + k] = e;
+            meta[t * 3 * K + 2 * K + k] = __float_as_int(probs[t * K + k]);
+            if (bad < 0 && (e < -1 || e >= E)) bad = (t * K + k) << 1;
+            for (int j = 0; j < k && bad < 0 && e >= 0; ++j)
+                if (idx[t * K + j] == e) bad = ((t * K + k) << 1) | 1;
+        }
+        if (bad >= 0) {
+            u64 tag = (epoch << 32) | (0xffffffffu - u32(bad));
+            for (int d = 0; d < l.ranks; ++d)
+                atomicMax(reinterpret_cast<unsigned long long*>(comm::buf(l, d) + l.off_status) + l.rank, tag);
+        }
+    }
+
+    // Stable per-expert scan: warp per expert over tiles of topk_idx in shared memory. The tiles
+    // use the row chunks' memory (idle until the rows move): 4096 tokens of top-6 in one tile.
+    int* tile = reinterpret_cast<int*>(dispatch_smem);
+    const int tile_tokens = kDispatchDynamicSmem / (4 * K);
+    const int nwarps = gridDim.x * kWarps, gw = blockIdx.x * kWarps + warp;
+    const int rounds = (E + nwarps - 1) / nwarps;
+    for (int r = 0; r < rounds; ++r) {
+        const int e = r * nwarps + gw;
+        int running = 0;
+        for (int t0 = 0; t0 < T; t0 += tile_tokens) {
+            const int n = min(tile_tokens, T - t0);
+            __syncthreads();
+            for (int i = threadIdx.x; i < n * K; i += blockDim.x) tile[i] = idx[t0 * K + i];
+            __syncthreads();
+            if (e >= E) continue;
+            for (int tt = 0; tt < n; tt += 32) {
+                const int t = tt + lane;
+                int hit = -1;
+                if (t < n)
+                    for (int k = 0; k < K; ++k)
+                        if (tile[t * K + k] == e) hit = k;
+                const u32 mask = __ballot_sync(0xffffffffu, hit >= 0);
+                if (hit >= 0) meta[(t0 + t) * 3 * K + K + hit] = running + __popc(mask & megamoe::lanemask_lt());
+                running += __popc(mask);
+            }
+        }
+        if (e < E && lane < l.ranks) {
+            int* row = reinterpret_cast<int*>(comm::buf(l, lane) + l.off_counts) + l.rank * (kMaxExperts + 1);
+            row[e] = running;
+        }
+    }
+    if (blockIdx.x == 0 && threadIdx.x < l.ranks) {
+        int* row = reinterpret_cast<int*>(comm::buf(l, threadIdx.x) + l.off_counts) + l.rank * (kMaxExperts + 1);
+        row[kMaxExperts] = T;
+    }
+}
+
+// Step 3: the layout of megamoe-core's plan_permute, from the exchanged count matrix. Warp d
+// scans owner d's experts (32 at a time).
+__device__ void dispatch_layout(const DispatchParams& p, DispatchShared& s, u64 epoch) {
+    const Layout& l = p.l;
+    const int R = l.ranks, E = l.experts, El = E / R, me = l.rank;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int* counts = count_rows(l);
+    const int stride = kMaxExperts + 1;
+    if (warp < R) {
+        const int d = warp;
+        int carry = 0;
+        for (int j0 = 0; j0 < El; j0 += 32) {
+            const int j = j0 + lane, e = d * El + j;
+            int total = 0, below = 0;
+            if (j < El)
+                for (int src = 0; src < R; ++src) {
+                    const int c = counts[src * stride + e];
+                    if (src < me) below += c;
+                    total += c;
+                }
+            const int pad = (total + p.pad_multiple - 1) / p.pad_multiple * p.pad_multiple;
+            int incl = pad;
+            for (int o = 1; o < 32; o <<= 1) {
+                const int v = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += v;
+            }
+            const int base = carry + incl - pad;
+            if (j < El) {
+                s.send_base[e] = base + below;
+                if (d == me) {
+                    s.seg_base[j] = base;
+                    s.count[j] = total;
+                    s.padded[j] = pad;
+                    int run = base;
+                    for (int src = 0; src < R; ++src) {
+                        s.recv_base[src * El + j] = run;
+                        run += counts[src * stride + e];
+                    }
+                }
+            }
+            carry += __shfl_sync(0xffffffffu, incl, 31);
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        s.skip = 0;
+        for (int src = 0; src < R && !s.skip; ++src) {
+            const u64 st = reinterpret_cast<volatile u64*>(comm::buf(l, me) + l.off_status)[src];
+            if ((st >> 32) == epoch) {
+                s.skip = 1;
+                if (blockIdx.x == 0) comm::record_error(l, kBadTopk, (0xffffffffu - u32(st)), src, 0, 0);
+            }
+        }
+        const int rows = El ? s.seg_base[El - 1] + s.padded[El - 1] : 0;
+        if (!s.skip && rows > p.row_bound) {
+            s.skip = 1;
+            if (blockIdx.x == 0) comm::record_error(l, kOverflow, 0, me, rows, p.row_bound);
+        }
+    }
+    __syncthreads();
+}
+
+__device__ __forceinline__ void record_handle(const DispatchParams& p, DispatchShared& s) {
+    const Layout& l = p.l;
+    const int R = l.ranks, El = l.experts / R, K = l.topk;
+    if (blockIdx.x == 0) {
+        for (int j = threadIdx.x; j < El; j += blockDim.x) {
+            handle_i32(l, l.h_padded)[j] = s.padded[j];
+            handle_i32(l, l.h_counts)[j] = s.count[j];
+            handle_i32(l, l.h_seg_base)[j] = s.seg_base[j];
+        }
+        if (threadIdx.x < R) handle_i32(l, l.h_src_tokens)[threadIdx.x] = count_rows(l)[threadIdx.x * (kMaxExperts + 1) + kMaxExperts];
+        if (threadIdx.x == 0) *handle_i32(l, l.h_total_rows) = El ? s.seg_base[El - 1] + s.padded[El - 1] : 0;
+    }
+    // This rank's own slots: where each one's row lives on its owner (for combine).
+    const int* meta = meta_of(l, l.rank);
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < p.tokens * K; i += gridDim.x * blockDim.x) {
+        const int t = i / K, k = i % K;
+        const int e = meta[t * 3 * K + k];
+        handle_i32(l, l.h_idx)[i] = e;
+        handle_i32(l, l.h_send_row)[i] = e < 0 ? -1 : s.send_base[e] + meta[t * 3 * K + K + k];
+    }
+}
+
+// Step 4, padding: rows past each local expert's tokens are zero, with prob 0 and scales 0.
+// Warp per padding row over the whole grid (warp 0 of each block first numbers them).
+__device__ void zero_padding(const DispatchParams& p, DispatchShared& s) {
+    const Layout& l = p.l;
+    const int El = l.experts / l.ranks, lane = threadIdx.x & 31;
+    for (int i = threadIdx.x; i < kChunkBytes / 16; i += blockDim.x)
+        reinterpret_cast<uint4*>(zero_chunk())[i] = make_uint4(0, 0, 0, 0);
+    ptx::fence_proxy_async_shared();
+    if (threadIdx.x < 32) {
+        int carry = 0;
+        for (int j0 = 0; j0 < El; j0 += 32) {
+            const int j = j0 + lane;
+            const int n = j < El ? s.padded[j] - s.count[j] : 0;
+            int incl = n;
+            for (int o = 1; o < 32; o <<= 1) {
+                const int v = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += v;
+            }
+            if (j < El) s.pad_start[j] = carry + incl - n;
+            carry += __shfl_sync(0xffffffffu, incl, 31);
+        }
+        if (lane == 0) s.pad_total = carry;
+    }
+    __syncthreads();
+    char* me = comm::buf(l, l.rank);
+    for (int i = blockIdx.x * kWarps + (threadIdx.x >> 5); i < s.pad_total; i += gridDim.x * kWarps) {
+        int lo = 0, hi = El - 1;  // last expert whose padding starts at or before i
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) >> 1;
+            if (s.pad_start[mid] <= i) lo = mid; else hi = mid - 1;
+        }
+        const int row = s.seg_base[lo] + s.count[lo] + (i - s.pad_start[lo]);
+        char* dst = me + l.off_out_rows + size_t(row) * p.row_bytes;
+        for (int c = lane * kChunkBytes; c < p.row_bytes; c += 32 * kChunkBytes)
+            ptx::bulk_store(dst + c, zero_chunk(), min(kChunkBytes, p.row_bytes - c));
+        float* sc = reinterpret_cast<float*>(me + l.off_out_scales) + size_t(row) * p.scales_per_row;
+        for (int c = lane; c < p.scales_per_row; c += 32) sc[c] = 0.f;
+        if (lane == 0 && p.mode == kFull) reinterpret_cast<float*>(me + l.off_out_probs)[row] = 0.f;
+    }
+    ptx::bulk_commit_group();
+}
+
+// Step 4, rows: warp per (source, token). Lane k < K holds slot k's destination row here (−1
+// when the slot's expert is not local); the row is read once and stored to every destination.
+__device__ void pull_rows(const DispatchParams& p, const DispatchShared& s) {
+    const Layout& l = p.l;
+    const int R = l.ranks, K = l.topk, El = l.experts / R, me = l.rank;
+    const int lane = threadIdx.x & 31;
+    const int V = p.row_bytes / 16, S = p.scales_per_row;
+    const int* src_tokens = s.tokens;
+    int total = 0;
+    for (int src = 0; src < R; ++src) total += src_tokens[src];
+    char* out = comm::buf(l, me);
+    int* recv_slot = handle_i32(l, l.h_recv_slot);
+
+    // Meta of the next task is loaded while the current row moves (it is remote in full mode).
+    auto locate = [&](int task, int& src, int& t) {
+        src = 0;
+        t = task;
+        while (t >= src_tokens[src]) t -= src_tokens[src++];
+    };
+    auto load_meta = [&](int task) {
+        int m = 0;
+        if (p.mode != kCached && task < total && lane < 3 * K) {
+            int src, t;
+            locate(task, src, t);
+            m = meta_of(l, src)[size_t(t) * 3 * K + lane];
+        }
+        return m;
+    };
+    const int stride = gridDim.x * kWarps;
+    char* chunks = warp_chunks();
+    int half = 0;  // which of the warp's two chunks the next row chunk goes to
+    int next = load_meta(blockIdx.x * kWarps + (threadIdx.x >> 5));
+    for (int task = blockIdx.x * kWarps + (threadIdx.x >> 5); task < total; task += stride) {
+        const int m = next;
+        next = load_meta(task + stride);
+        int src, t;
+        locate(task, src, t);
+        int* slot = recv_slot + (size_t(src) * l.max_tokens + t) * K;
+        const int e = __shfl_sync(0xffffffffu, m, lane) - me * El;
+        const int pos = __shfl_sync(0xffffffffu, m, (K + lane) & 31);
+        const float prob = __int_as_float(__shfl_sync(0xffffffffu, m, (2 * K + lane) & 31));
+        int row = -1;
+        if (lane < K) {
+            if (p.mode == kCached) {
+                row = slot[lane];
+            } else if (e >= 0 && e < El) {
+                row = p.mode == kFull ? s.recv_base[src * El + e] + pos : src * l.max_tokens + t;
+            }
+            if (p.mode == kFull) slot[lane] = row;
+        }
+        if (p.mode == kUnpermuted) {  // one destination per (source, token)
+            const u32 any = __ballot_sync(0xffffffffu, row >= 0);
+            row = (lane == 0 && any) ? src * l.max_tokens + t : -1;
+        }
+        int drow[kMaxTopk];
+        bool any = false;
+#pragma unroll
+        for (int k = 0; k < kMaxTopk; ++k) {
+            drow[k] = __shfl_sync(0xffffffffu, row, k);
+            if (k >= K) drow[k] = -1;
+            any |= drow[k] >= 0;
+        }
+        if (!any) continue;
+        const char* in = comm::buf(l, src) + l.off_in_rows + size_t(t) * p.row_bytes;
+        for (int c0 = 0; c0 < V; c0 += 32 * kRowUnroll) {
+            uint4 v[kRowUnroll];
+#pragma unroll
+            for (int u = 0; u < kRowUnroll; ++u) {
+                const int c = c0 + u * 32 + lane;
+                if (c < V) v[u] = ptx::ld_nc_v4(in + c * 16);
+            }
+            // The bulk stores that last read this chunk (two chunks ago) must be done reading it.
+            char* chunk = chunks + half * kChunkBytes;
+            half ^= 1;
+            if (lane == 0) ptx::bulk_wait_group_read<1>();
+            __syncwarp();
+#pragma unroll
+            for (int u = 0; u < kRowUnroll; ++u)
+                if (c0 + u * 32 + lane < V) reinterpret_cast<uint4*>(chunk)[u * 32 + lane] = v[u];
+            ptx::fence_proxy_async_shared();
+            __syncwarp();
+            if (lane == 0) {
+                const int bytes = min(32 * kRowUnroll, V - c0) * 16;
+#pragma unroll
+                for (int k = 0; k < kMaxTopk; ++k)
+                    if (drow[k] >= 0)
+                        ptx::bulk_store(out + l.off_out_rows + size_t(drow[k]) * p.row_bytes + c0 * 16, chunk, bytes);
+                ptx::bulk_commit_group();
+            }
+        }
+        if (S) {
+            const float* sin = reinterpret_cast<const float*>(comm::buf(l, src) + l.off_in_scales) + size_t(t) * S;
+            float* sout = reinterpret_cast<float*>(out + l.off_out_scales);
+            for (int c = lane; c < S; c += 32) {
+                const float sc = sin[c];
+#pragma unroll
+                for (int k = 0; k < kMaxTopk; ++k)
+                    if (drow[k] >= 0) sout[size_t(drow[k]) * S + c] = sc;
+            }
+        }
+        if (p.mode == kFull && row >= 0) reinterpret_cast<float*>(out + l.off_out_probs)[row] = prob;
+    }
+}
+
+__device__ void dispatch_kernel(const DispatchParams& p) {
+    __shared__ DispatchShared s;
+    const Layout& l = p.l;
+    const bool fresh = p.mode != kCached;  // routing comes with the call, not from a handle
+    const u64 epoch = comm::read_epoch(l, kDispatchFamily, &s.epoch);
+    if (fresh) dispatch_meta(p, epoch);
+    comm::raise_on_all(l, kDispatchReady);
+    if (!comm::wait_all(l, kDispatchReady, epoch, &s.ok)) return;
+    if (fresh) {
+        dispatch_layout(p, s, epoch);
+        if (!s.skip) record_handle(p, s);
+    } else {
+        const int El = l.experts / l.ranks;
+        for (int j = threadIdx.x; j < El; j += blockDim.x) {
+            s.seg_base[j] = handle_i32(l, l.h_seg_base)[j];
+            s.count[j] = handle_i32(l, l.h_counts)[j];
+            s.padded[j] = handle_i32(l, l.h_padded)[j];
+        }
+        if (threadIdx.x == 0) s.skip = 0;
+    }
+    if (threadIdx.x < l.ranks)
+        s.tokens[threadIdx.x] = fresh ? count_rows(l)[threadIdx.x * (kMaxExperts + 1) + kMaxExperts]
+                                      : handle_i32(l, l.h_src_tokens)[threadIdx.x];
+    __syncthreads();
+    if (!s.skip) {
+        if (p.mode != kUnpermuted) zero_padding(p, s);
+        pull_rows(p, s);
+        ptx::bulk_wait_group_all();
+    }
+    // Every block tells every source it is done reading from it; the last wait keeps this
+    // rank's inputs and meta alive until every rank is done with them.
+    comm::arrive_all(l, kDispatchDone);
+    if (!comm::wait_all(l, kDispatchDone, epoch, &s.ok)) return;
+    comm::store_epoch(l, kDispatchFamily, epoch);
+}
+
+}  // namespace ep

@@ -1,0 +1,78 @@
+// Kernel parameter structs, mirrored field for field by src/params.rs (sizes asserted on both
+// sides). Every kernel takes exactly one of them as `const __grid_constant__ Params p`.
+#pragma once
+#include <megamoe/common.cuh>
+
+namespace megamoe::ptx {}
+
+namespace ep {
+
+using megamoe::u32;
+using megamoe::u64;
+namespace ptx = megamoe::ptx;
+
+constexpr int kMaxRanks = 8;
+constexpr int kMaxTopk = 8;
+constexpr int kMaxExperts = 1024;
+constexpr int kThreads = 512;
+constexpr int kWarps = kThreads / 32;
+// Dispatch stores rows with bulk copies from shared memory: every warp stages its row in chunks
+// of kChunkBytes, double-buffered, and the block keeps one chunk of zeros for the padding rows.
+constexpr int kChunkBytes = 4096;
+constexpr int kDispatchDynamicSmem = (2 * kWarps + 1) * kChunkBytes;  // DISPATCH_DYNAMIC_SMEM
+
+// Signal kinds: one u64 counter per (kind, source rank) in every rank's buffer.
+enum Signal : int { kDispatchReady = 0, kDispatchDone = 1, kCombineReady = 2, kCombineDone = 3, kNumSignals = 4 };
+// Kernel families: each keeps its own call counter (epoch) in the local buffer.
+enum Family : int { kDispatchFamily = 0, kCombineFamily = 1 };
+// Error codes of the device error record (a wait past its deadline is recorded in the rank's
+// `megamoe::comm::WaitRecord` instead).
+enum ErrorCode : u32 { kOk = 0, kBadTopk = 2, kOverflow = 3 };
+
+// Where everything lives: byte offsets inside every rank's symmetric buffer (the same on all
+// ranks) and inside this rank's handle block.
+struct Layout {
+    u64 peer_base[kMaxRanks];  // each rank's buffer, valid here under unified addressing
+    u64 handle;                // this rank's handle block (local)
+    u64 deadline_ns;           // budget of every wait
+    u64 wait_record;           // this rank's megamoe::comm::WaitRecord (local)
+    // buffer regions
+    u64 off_epochs, off_signals, off_status, off_counts, off_meta, off_in_rows, off_in_scales;
+    u64 off_out_rows, off_out_scales, off_out_probs, off_comb_rows, off_comb_prob_grads, off_error;
+    // handle regions
+    u64 h_recv_slot, h_send_row, h_idx, h_padded, h_counts, h_seg_base, h_src_tokens, h_total_rows;
+    int rank, ranks, experts, topk, hidden, max_tokens, max_rows, _pad0;
+};
+
+struct DispatchParams {
+    Layout l;
+    u64 topk_idx;  // [T, K] i32, this rank's routing (full mode)
+    u64 probs;     // [T, K] f32 (full mode)
+    int tokens, pad_multiple, row_bytes, scales_per_row, row_bound, mode, _pad0, _pad1;
+};
+
+struct CombineParams {
+    Layout l;
+    u64 y;           // [T, H] bf16 output
+    u64 grad_probs;  // [T, K] f32 output, or 0
+    int with_prob_grads, _pad0, _pad1, _pad2;
+};
+
+struct GatherParams {
+    u64 src, dst, index;  // rows [*, row_bytes], rows [rows, row_bytes], i32 [rows]
+    int rows, row_bytes;
+};
+
+// What a failed call leaves behind on its rank (read by the host after a sync).
+struct ErrorRecord {
+    u32 code, rank, what, peer;
+    u64 seen, expected;
+};
+
+}  // namespace ep
+
+MEGAMOE_PARAMS_LAYOUT(ep::Layout, 8 * 8 + 24 * 8 + 8 * 4, 8);
+MEGAMOE_PARAMS_LAYOUT(ep::DispatchParams, sizeof(ep::Layout) + 16 + 32, 8);
+MEGAMOE_PARAMS_LAYOUT(ep::CombineParams, sizeof(ep::Layout) + 16 + 16, 8);
+MEGAMOE_PARAMS_LAYOUT(ep::GatherParams, 32, 8);
+MEGAMOE_PARAMS_LAYOUT(ep::ErrorRecord, 32, 8);

@@ -1,0 +1,35 @@
+//! Errors of dispatch and combine.
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum EpError {
+    /// Bad arguments, found before anything was sent (on the host, or by the device's
+    /// validation pass that every rank checks before moving rows).
+    #[error("rank {rank}: {source}")]
+    Input {
+        rank: usize,
+        #[source]
+        source: megamoe_core::Error,
+    },
+    /// The GPU runtime: no GPU or library, a failed driver call, or a device wait past its
+    /// deadline ([`megamoe_cuda::Error::WaitTimeout`] names the rank, the wait and the peer;
+    /// the world must then be rebuilt).
+    #[error(transparent)]
+    Runtime(#[from] megamoe_cuda::Error),
+    #[error("rank {rank}: the dispatch needs {needed} rows but the caller's bound `row_bound` is {bound}; no rows were moved")]
+    Overflow {
+        rank: usize,
+        needed: u64,
+        bound: u64,
+    },
+    /// The NCCL baseline of the benchmark.
+    #[error("NCCL {call}: {message}")]
+    Nccl { call: &'static str, message: String },
+}
+
+impl EpError {
+    pub fn input(rank: usize, source: megamoe_core::Error) -> Self {
+        EpError::Input { rank, source }
+    }
+}

@@ -1,0 +1,187 @@
+//! The kernels' parameter structs, field for field as in device/megamoe_ep/params.cuh, and the
+//! kernels' specifications for the runtime's JIT.
+
+use megamoe_cuda::jit::Headers;
+use megamoe_cuda::{KernelSpec, Pod};
+
+use crate::layout::MAX_RANKS;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Layout {
+    pub peer_base: [u64; MAX_RANKS],
+    pub handle: u64,
+    pub deadline_ns: u64,
+    /// This rank's `megamoe_cuda::WaitRecord`, where a wait past its deadline is recorded.
+    pub wait_record: u64,
+    pub off_epochs: u64,
+    pub off_signals: u64,
+    pub off_status: u64,
+    pub off_counts: u64,
+    pub off_meta: u64,
+    pub off_in_rows: u64,
+    pub off_in_scales: u64,
+    pub off_out_rows: u64,
+    pub off_out_scales: u64,
+    pub off_out_probs: u64,
+    pub off_comb_rows: u64,
+    pub off_comb_prob_grads: u64,
+    pub off_error: u64,
+    pub h_recv_slot: u64,
+    pub h_send_row: u64,
+    pub h_idx: u64,
+    pub h_padded: u64,
+    pub h_counts: u64,
+    pub h_seg_base: u64,
+    pub h_src_tokens: u64,
+    pub h_total_rows: u64,
+    pub rank: i32,
+    pub ranks: i32,
+    pub experts: i32,
+    pub topk: i32,
+    pub hidden: i32,
+    pub max_tokens: i32,
+    pub max_rows: i32,
+    pub _pad0: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DispatchParams {
+    pub l: Layout,
+    pub topk_idx: u64,
+    pub probs: u64,
+    pub tokens: i32,
+    pub pad_multiple: i32,
+    pub row_bytes: i32,
+    pub scales_per_row: i32,
+    pub row_bound: i32,
+    pub mode: i32,
+    pub _pad0: i32,
+    pub _pad1: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CombineParams {
+    pub l: Layout,
+    pub y: u64,
+    pub grad_probs: u64,
+    pub with_prob_grads: i32,
+    pub _pad0: i32,
+    pub _pad1: i32,
+    pub _pad2: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GatherParams {
+    pub src: u64,
+    pub dst: u64,
+    pub index: u64,
+    pub rows: i32,
+    pub row_bytes: i32,
+}
+
+/// What a call rejected on the device (bad routing, overflow) leaves in its rank's buffer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ErrorRecord {
+    pub code: u32,
+    pub rank: u32,
+    pub what: u32,
+    pub peer: u32,
+    pub seen: u64,
+    pub expected: u64,
+}
+
+/// DispatchParams::mode (device/megamoe_ep/impls/dispatch.cuh).
+pub const DISPATCH_FULL: i32 = 0;
+pub const DISPATCH_CACHED: i32 = 1;
+pub const DISPATCH_UNPERMUTED: i32 = 2;
+
+pub const ERR_OK: u32 = 0;
+pub const ERR_BAD_TOPK: u32 = 2;
+pub const ERR_OVERFLOW: u32 = 3;
+
+// Sizes as the device code computes them (asserted in params.cuh too).
+const _: () = assert!(std::mem::size_of::<Layout>() == 8 * 8 + 24 * 8 + 8 * 4);
+const _: () =
+    assert!(std::mem::size_of::<DispatchParams>() == std::mem::size_of::<Layout>() + 16 + 32);
+const _: () =
+    assert!(std::mem::size_of::<CombineParams>() == std::mem::size_of::<Layout>() + 16 + 16);
+const _: () = assert!(std::mem::size_of::<ErrorRecord>() == 32);
+const _: () = assert!(std::mem::size_of::<GatherParams>() == 32);
+const _: () = assert!(std::mem::align_of::<DispatchParams>() == 8);
+const _: () = assert!(std::mem::align_of::<CombineParams>() == 8);
+const _: () = assert!(std::mem::align_of::<GatherParams>() == 8);
+const _: () = assert!(std::mem::align_of::<ErrorRecord>() == 8);
+// SAFETY: plain `#[repr(C)]` integers, layouts asserted above against the device structs.
+unsafe impl Pod for DispatchParams {}
+unsafe impl Pod for CombineParams {}
+unsafe impl Pod for GatherParams {}
+unsafe impl Pod for ErrorRecord {}
+
+/// This crate's device headers, included as `<megamoe_ep/...>`.
+pub const HEADERS: Headers = megamoe_cuda::header_set!(
+    "device",
+    [
+        "megamoe_ep/params.cuh",
+        "megamoe_ep/comm/sync.cuh",
+        "megamoe_ep/impls/dispatch.cuh",
+        "megamoe_ep/impls/combine.cuh",
+        "megamoe_ep/impls/gather.cuh",
+    ]
+);
+
+/// Threads per block of every kernel here (`ep::kThreads`).
+pub const THREADS: u32 = 512;
+
+/// Dynamic shared memory of the dispatch kernel (`ep::kDispatchDynamicSmem`): two 4-KiB row
+/// chunks per warp for its bulk stores, and one chunk of zeros for the padding rows.
+pub const DISPATCH_DYNAMIC_SMEM: u32 = (2 * THREADS / 32 + 1) * 4096;
+
+/// A translation unit defining `entry`, which runs `ep::body(p)` on one `Params` struct.
+fn unit(entry: &str, header: &str, params: &str, body: &str) -> KernelSpec {
+    KernelSpec {
+        name: entry.to_string(),
+        entry: entry.to_string(),
+        source: format!(
+            "#include <megamoe_ep/impls/{header}>\n\
+             extern \"C\" __global__ void __launch_bounds__({THREADS}, 1) \
+             {entry}(const __grid_constant__ ep::{params} p) {{ ep::{body}(p); }}\n"
+        ),
+        headers: vec![HEADERS],
+        options: vec![],
+    }
+}
+
+/// dispatch_with_permute, its cached replay (combine's backward) and the unpermuted arm.
+pub fn dispatch_kernel() -> KernelSpec {
+    unit(
+        "ep_dispatch",
+        "dispatch.cuh",
+        "DispatchParams",
+        "dispatch_kernel",
+    )
+}
+
+/// combine_with_unpermute (and dispatch's backward).
+pub fn combine_kernel() -> KernelSpec {
+    unit(
+        "ep_combine",
+        "combine.cuh",
+        "CombineParams",
+        "combine_kernel",
+    )
+}
+
+/// The row gather of the NCCL baseline's permutes.
+pub fn gather_kernel() -> KernelSpec {
+    unit("ep_gather", "gather.cuh", "GatherParams", "gather_kernel")
+}
+
+/// Registry hook: every kernel this crate compiles (shapes are run-time parameters).
+pub fn kernel_specs() -> Vec<KernelSpec> {
+    vec![dispatch_kernel(), combine_kernel(), gather_kernel()]
+}

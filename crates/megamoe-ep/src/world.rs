@@ -1,0 +1,719 @@
+//! The expert-parallel world of one process: megamoe-cuda's [`World`] (one stream per rank,
+//! virtual ranks when ranks outnumber GPUs), one symmetric buffer, and the calls of SPEC §5 on
+//! all ranks at once. Every call is asynchronous per rank, so one host thread queues each
+//! rank's launch on that rank's stream and a blocking call then waits for every stream; modules
+//! are loaded and buffers allocated once, in [`EpWorld::new`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use megamoe_core::routing::check_topk_idx;
+use megamoe_core::Error;
+use megamoe_cuda::wait::{deadline_ns, DEFAULT_DEADLINE};
+use megamoe_cuda::{jit, DeviceBuffer, Graph, Kernel, LaunchConfig, Rank, SymmetricBuffer, World};
+
+use crate::error::EpError;
+use crate::layout::{BufferLayout, BufferSpec, HandleLayout, RowDtype, MAX_RANKS};
+use crate::params::{self, CombineParams, DispatchParams, ErrorRecord, Layout, THREADS};
+
+/// How a call synchronizes with the host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncMode {
+    /// Waits for the call, checks every rank and reports the exact output sizes.
+    Blocking,
+    /// Returns at once (capturable in a CUDA graph); each rank's rows must fit `row_bound`, and an
+    /// overflow (no rows moved) or any other failure is reported by the next [`EpWorld::sync`].
+    NonBlocking { row_bound: usize },
+}
+
+#[derive(Clone, Debug)]
+pub struct EpConfig {
+    pub spec: BufferSpec,
+    pub dtype: RowDtype,
+    /// SMs (blocks) each rank's kernels use.
+    pub num_sms: usize,
+    /// Budget of every device-side wait.
+    pub deadline: Duration,
+}
+
+/// Default SMs per rank for dispatch and combine (measured: docs/PERF.md).
+pub const DEFAULT_NUM_SMS: usize = 24;
+
+impl EpConfig {
+    pub fn new(spec: BufferSpec, dtype: RowDtype) -> Self {
+        EpConfig {
+            spec,
+            dtype,
+            num_sms: DEFAULT_NUM_SMS,
+            deadline: DEFAULT_DEADLINE,
+        }
+    }
+}
+
+/// Device pointers of one rank's inputs and outputs for the calls.
+#[derive(Clone, Copy, Debug)]
+pub struct RankPtrs {
+    /// Dispatch input rows `[T_max, row_bytes]` (symmetric: peers read them).
+    pub x: u64,
+    /// Dispatch input scales `[T_max, H/128]` (FP8).
+    pub x_scales: u64,
+    /// `[T_max, K]` i32 and f32.
+    pub topk_idx: u64,
+    pub probs: u64,
+    /// Dispatch output: rows `[rows, row_bytes]`, scales, probs `[rows]`.
+    pub out_rows: u64,
+    pub out_scales: u64,
+    pub out_probs: u64,
+    /// Combine input: bf16 rows `[rows, H]` in their permuted positions, and (dispatch backward)
+    /// the gradient of each row's prob `[rows]`.
+    pub comb_rows: u64,
+    pub comb_prob_grads: u64,
+    /// Combine output `[T_max, H]` bf16, and prob gradients `[T_max, K]` f32.
+    pub y: u64,
+    pub grad_probs: u64,
+}
+
+/// Per-rank routing state of one dispatch, reused by its combine and both backwards.
+pub struct Handle {
+    blocks: Vec<DeviceBuffer>,
+    tokens: Vec<usize>,
+    ready: bool,
+}
+
+/// One captured graph per rank.
+pub struct WorldGraph {
+    graphs: Vec<Graph>,
+}
+
+/// What a blocking dispatch reports per rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Dispatched {
+    pub rows: usize,
+    pub tokens_per_expert: Vec<u32>,
+}
+
+pub struct EpWorld {
+    pub config: EpConfig,
+    pub layout: BufferLayout,
+    hlayout: HandleLayout,
+    io_offsets: [usize; 4],
+    world: World,
+    /// The symmetric buffer every rank's kernels read and write (layout: [`BufferLayout`]).
+    buffers: SymmetricBuffer,
+    /// Each rank's local inputs and outputs (layout: [`IoRegion`]).
+    io: Vec<DeviceBuffer>,
+    dispatch: Vec<Arc<Kernel>>,
+    combine: Vec<Arc<Kernel>>,
+    pub(crate) gather: Vec<Arc<Kernel>>,
+    /// ptxas's registers/spills of the kernels.
+    pub compile_report: String,
+}
+
+impl EpWorld {
+    /// Bytes of symmetric memory each rank allocates for `spec` (the size query).
+    pub fn buffer_bytes(spec: &BufferSpec) -> usize {
+        BufferLayout::new(spec).size
+    }
+
+    pub fn new(config: EpConfig) -> Result<Self, EpError> {
+        let spec = config.spec;
+        spec.validate().map_err(|e| EpError::input(0, e))?;
+        if config.num_sms == 0 {
+            return Err(EpError::input(
+                0,
+                value("num_sms", "0", "must be at least 1"),
+            ));
+        }
+        let world = World::with_deadline(spec.ranks, config.deadline)?;
+        let mut compile_report = String::new();
+        let mut load = |spec: megamoe_cuda::KernelSpec| -> Result<Vec<Arc<Kernel>>, EpError> {
+            let compiled = jit::compile(&spec)?;
+            compile_report += &format!("{}: {}\n", compiled.name, compiled.report);
+            Ok(world.load(&compiled)?)
+        };
+        let dispatch = load(params::dispatch_kernel())?;
+        let combine = load(params::combine_kernel())?;
+        let gather = load(params::gather_kernel())?;
+        let layout = BufferLayout::new(&spec);
+        let hlayout = HandleLayout::new(&spec);
+        let (t, k, h) = (spec.max_tokens, spec.topk, spec.hidden);
+        let mut io_offsets = [0usize; 4];
+        let mut io_bytes = 0;
+        for (i, bytes) in [t * k * 4, t * k * 4, t * h * 2, t * k * 4]
+            .into_iter()
+            .enumerate()
+        {
+            io_offsets[i] = io_bytes;
+            io_bytes += bytes.div_ceil(256) * 256;
+        }
+        let buffers = world.alloc_symmetric(layout.size)?;
+        let io = world
+            .ranks()
+            .iter()
+            .map(|r| r.gpu.alloc(io_bytes))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(EpWorld {
+            config,
+            layout,
+            hlayout,
+            io_offsets,
+            world,
+            buffers,
+            io,
+            dispatch,
+            combine,
+            gather,
+            compile_report,
+        })
+    }
+
+    pub fn ranks(&self) -> usize {
+        self.world.size()
+    }
+
+    pub fn physical_gpus(&self) -> usize {
+        self.world.gpu_count()
+    }
+
+    pub fn ptrs(&self, rank: usize) -> RankPtrs {
+        let b = self.buffers.ptr(rank);
+        let io = self.io[rank].ptr();
+        let l = &self.layout;
+        RankPtrs {
+            x: b + l.in_rows as u64,
+            x_scales: b + l.in_scales as u64,
+            topk_idx: io + self.io_offsets[0] as u64,
+            probs: io + self.io_offsets[1] as u64,
+            out_rows: b + l.out_rows as u64,
+            out_scales: b + l.out_scales as u64,
+            out_probs: b + l.out_probs as u64,
+            comb_rows: b + l.comb_rows as u64,
+            comb_prob_grads: b + l.comb_prob_grads as u64,
+            y: io + self.io_offsets[2] as u64,
+            grad_probs: io + self.io_offsets[3] as u64,
+        }
+    }
+
+    /// The rank's symmetric buffer and its local in/out block, for uploads and downloads.
+    pub fn buffer(&self, rank: usize) -> &DeviceBuffer {
+        self.buffers.local(rank)
+    }
+    pub fn io(&self, rank: usize) -> &DeviceBuffer {
+        &self.io[rank]
+    }
+    pub fn io_offset(&self, which: IoRegion) -> usize {
+        self.io_offsets[which as usize]
+    }
+    /// Rank `rank` of the runtime's world: its GPU handle (stream, timers) and wait record.
+    pub fn rank(&self, rank: usize) -> &Rank {
+        &self.world.ranks()[rank]
+    }
+
+    /// Uploads one rank's dispatch inputs from the host (rows checked against the buffer's dtype).
+    pub fn upload_inputs(
+        &self,
+        rank: usize,
+        tokens: usize,
+        rows: Rows,
+        topk_idx: &[i32],
+        probs: &[f32],
+    ) -> Result<(), EpError> {
+        let s = &self.config.spec;
+        let bad = |e| Err(EpError::input(rank, e));
+        if tokens > s.max_tokens {
+            return bad(Error::Capacity {
+                arg: "tokens",
+                got: tokens,
+                capacity: s.max_tokens,
+            });
+        }
+        let (bytes, scales): (&[u8], &[f32]) = match (rows, self.config.dtype) {
+            (Rows::Bf16(x), RowDtype::Bf16) => (bytemuck_bf16(x), &[]),
+            (Rows::Fp8 { data, scales }, RowDtype::Fp8) => (data, scales),
+            (given, want) => {
+                return bad(value(
+                    "x",
+                    given.dtype_name(),
+                    &format!("this buffer carries {want:?} rows"),
+                ))
+            }
+        };
+        let row_bytes = self.config.dtype.row_bytes(s.hidden);
+        let spr = self.config.dtype.scales_per_row(s.hidden);
+        for (arg, got, expected) in [
+            ("x", bytes.len(), tokens * row_bytes),
+            ("x_scales", scales.len(), tokens * spr),
+            ("topk_idx", topk_idx.len(), tokens * s.topk),
+            ("probs", probs.len(), tokens * s.topk),
+        ] {
+            if got != expected {
+                return bad(Error::Length { arg, got, expected });
+            }
+        }
+        let buf = self.buffer(rank);
+        buf.upload_at(self.layout.in_rows, bytes)?;
+        buf.upload_at(self.layout.in_scales, scales)?;
+        self.io[rank].upload_at(self.io_offsets[0], topk_idx)?;
+        self.io[rank].upload_at(self.io_offsets[1], probs)?;
+        Ok(())
+    }
+
+    pub fn new_handle(&self) -> Result<Handle, EpError> {
+        let blocks = self
+            .world
+            .ranks()
+            .iter()
+            .map(|r| r.gpu.alloc(self.hlayout.size))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Handle {
+            blocks,
+            tokens: vec![0; self.ranks()],
+            ready: false,
+        })
+    }
+
+    fn kernel_layout(&self, rank: usize, handle: &Handle) -> Layout {
+        let s = &self.config.spec;
+        let (l, h) = (&self.layout, &self.hlayout);
+        let mut peer_base = [0u64; MAX_RANKS];
+        for (r, p) in peer_base.iter_mut().enumerate().take(s.ranks) {
+            *p = self.buffers.ptr(r);
+        }
+        Layout {
+            peer_base,
+            handle: handle.blocks[rank].ptr(),
+            deadline_ns: deadline_ns(self.config.deadline),
+            wait_record: self.rank(rank).wait_record(),
+            off_epochs: l.epochs as u64,
+            off_signals: l.signals as u64,
+            off_status: l.status as u64,
+            off_counts: l.counts as u64,
+            off_meta: l.meta as u64,
+            off_in_rows: l.in_rows as u64,
+            off_in_scales: l.in_scales as u64,
+            off_out_rows: l.out_rows as u64,
+            off_out_scales: l.out_scales as u64,
+            off_out_probs: l.out_probs as u64,
+            off_comb_rows: l.comb_rows as u64,
+            off_comb_prob_grads: l.comb_prob_grads as u64,
+            off_error: l.error as u64,
+            h_recv_slot: h.recv_slot as u64,
+            h_send_row: h.send_row as u64,
+            h_idx: h.idx as u64,
+            h_padded: h.padded as u64,
+            h_counts: h.counts as u64,
+            h_seg_base: h.seg_base as u64,
+            h_src_tokens: h.src_tokens as u64,
+            h_total_rows: h.total_rows as u64,
+            rank: rank as i32,
+            ranks: s.ranks as i32,
+            experts: s.experts as i32,
+            topk: s.topk as i32,
+            hidden: s.hidden as i32,
+            max_tokens: s.max_tokens as i32,
+            max_rows: s.max_rows() as i32,
+            _pad0: 0,
+        }
+    }
+
+    fn row_bound(&self, mode: SyncMode) -> Result<usize, EpError> {
+        let max = self.config.spec.max_rows();
+        match mode {
+            SyncMode::Blocking => Ok(max),
+            SyncMode::NonBlocking { row_bound } if row_bound <= max => Ok(row_bound),
+            SyncMode::NonBlocking { row_bound } => Err(EpError::input(
+                0,
+                value(
+                    "row_bound",
+                    &row_bound.to_string(),
+                    &format!("exceeds the buffer's {max} rows"),
+                ),
+            )),
+        }
+    }
+
+    /// dispatch_with_permute on every rank: `tokens[r]` rows of rank r's `x` (and FP8 scales),
+    /// `topk_idx` and `probs` (already in [`RankPtrs`]) go to their experts' owners, grouped by
+    /// local expert, ordered by (source rank, token), each segment padded to `pad_multiple`.
+    pub fn dispatch_with_permute(
+        &self,
+        tokens: &[usize],
+        pad_multiple: usize,
+        mode: SyncMode,
+        handle: &mut Handle,
+    ) -> Result<Option<Vec<Dispatched>>, EpError> {
+        let s = &self.config.spec;
+        self.check_tokens(tokens)?;
+        if pad_multiple == 0 || pad_multiple > s.max_pad_multiple {
+            return Err(EpError::input(
+                0,
+                value(
+                    "pad_multiple",
+                    &pad_multiple.to_string(),
+                    &format!("must be in 1..={}", s.max_pad_multiple),
+                ),
+            ));
+        }
+        let row_bound = self.row_bound(mode)?;
+        self.launch_input_rows(
+            tokens,
+            pad_multiple,
+            row_bound,
+            params::DISPATCH_FULL,
+            handle,
+        )?;
+        handle.tokens = tokens.to_vec();
+        handle.ready = true;
+        if mode != SyncMode::Blocking {
+            return Ok(None);
+        }
+        self.sync()?;
+        let out = (0..self.ranks())
+            .map(|r| {
+                let b = &handle.blocks[r];
+                let mut rows = [0i32];
+                b.download_into(self.hlayout.total_rows, &mut rows)?;
+                let mut padded = vec![0i32; s.local_experts()];
+                b.download_into(self.hlayout.padded, &mut padded)?;
+                Ok(Dispatched {
+                    rows: rows[0] as usize,
+                    tokens_per_expert: padded.into_iter().map(|v| v as u32).collect(),
+                })
+            })
+            .collect::<Result<Vec<_>, EpError>>()?;
+        Ok(Some(out))
+    }
+
+    /// combine_with_unpermute on every rank: y_t (into `RankPtrs::y`) is the bf16 sum, in
+    /// ascending global expert id, of token t's rows in `comb_rows` on their owners. With
+    /// `prob_grads` (dispatch's backward) each slot's `comb_prob_grads` entry is read back into
+    /// `grad_probs` `[T, K]`.
+    pub fn combine_with_unpermute(
+        &self,
+        handle: &Handle,
+        prob_grads: bool,
+        mode: SyncMode,
+    ) -> Result<(), EpError> {
+        self.check_handle(handle)?;
+        for r in 0..self.ranks() {
+            let p = CombineParams {
+                l: self.kernel_layout(r, handle),
+                y: self.ptrs(r).y,
+                grad_probs: self.ptrs(r).grad_probs,
+                with_prob_grads: prob_grads as i32,
+                ..Default::default()
+            };
+            self.rank(r)
+                .gpu
+                .launch(&self.combine[r], &self.launch_config(), &p)?;
+        }
+        if mode == SyncMode::Blocking {
+            self.sync()?;
+        }
+        Ok(())
+    }
+
+    /// Dispatch's backward: the row gradients (in `comb_rows`) are combined back to `[T, H]` and
+    /// the prob gradients (in `comb_prob_grads`) scattered back to `[T, K]`.
+    pub fn dispatch_backward(&self, handle: &Handle, mode: SyncMode) -> Result<(), EpError> {
+        self.combine_with_unpermute(handle, true, mode)
+    }
+
+    /// Combine's backward: the output gradient (bf16 `[T, H]`, in `RankPtrs::x`) is dispatched
+    /// along the handle's routing into `out_rows` (bf16, padding zeroed).
+    pub fn combine_backward(&self, handle: &Handle, mode: SyncMode) -> Result<(), EpError> {
+        self.check_handle(handle)?;
+        let s = &self.config.spec;
+        let tokens = handle.tokens.clone();
+        self.launch_dispatch_on(
+            0..self.ranks(),
+            &tokens,
+            1,
+            s.hidden * 2,
+            0,
+            s.max_rows(),
+            params::DISPATCH_CACHED,
+            handle,
+        )?;
+        if mode == SyncMode::Blocking {
+            self.sync()?;
+        }
+        Ok(())
+    }
+
+    /// The benchmark's "dispatch alone": the same exchange without the permute (one row per
+    /// (source, token) with any local expert, at row `source · T_max + token`, no padding); the
+    /// handle is refilled as by a dispatch with `pad_multiple`.
+    pub fn dispatch_without_permute(
+        &self,
+        tokens: &[usize],
+        pad_multiple: usize,
+        handle: &Handle,
+    ) -> Result<(), EpError> {
+        self.check_tokens(tokens)?;
+        self.launch_input_rows(
+            tokens,
+            pad_multiple,
+            self.config.spec.max_rows(),
+            params::DISPATCH_UNPERMUTED,
+            handle,
+        )
+    }
+
+    /// Launches the dispatch kernel on every rank for the input rows (the buffer's dtype).
+    fn launch_input_rows(
+        &self,
+        tokens: &[usize],
+        pad_multiple: usize,
+        row_bound: usize,
+        mode: i32,
+        handle: &Handle,
+    ) -> Result<(), EpError> {
+        let (h, dtype) = (self.config.spec.hidden, self.config.dtype);
+        self.launch_dispatch_on(
+            0..self.ranks(),
+            tokens,
+            pad_multiple,
+            dtype.row_bytes(h),
+            dtype.scales_per_row(h),
+            row_bound,
+            mode,
+            handle,
+        )
+    }
+
+    /// Launches the dispatch kernel on `ranks` (all of them, except in the deadline check).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn launch_dispatch_on(
+        &self,
+        ranks: std::ops::Range<usize>,
+        tokens: &[usize],
+        pad_multiple: usize,
+        row_bytes: usize,
+        scales_per_row: usize,
+        row_bound: usize,
+        mode: i32,
+        handle: &Handle,
+    ) -> Result<(), EpError> {
+        for r in ranks {
+            let p = DispatchParams {
+                l: self.kernel_layout(r, handle),
+                topk_idx: self.ptrs(r).topk_idx,
+                probs: self.ptrs(r).probs,
+                tokens: tokens[r] as i32,
+                pad_multiple: pad_multiple as i32,
+                row_bytes: row_bytes as i32,
+                scales_per_row: scales_per_row as i32,
+                row_bound: row_bound as i32,
+                mode,
+                ..Default::default()
+            };
+            let config = self
+                .launch_config()
+                .with_dynamic_smem(params::DISPATCH_DYNAMIC_SMEM);
+            self.rank(r).gpu.launch(&self.dispatch[r], &config, &p)?;
+        }
+        Ok(())
+    }
+
+    /// Records what `calls` launches on every rank's stream into one CUDA graph per rank
+    /// (the calls must be non-blocking); replaying it repeats the calls on whatever inputs the
+    /// buffers then hold.
+    pub fn capture(
+        &self,
+        calls: impl FnOnce(&EpWorld) -> Result<(), EpError>,
+    ) -> Result<WorldGraph, EpError> {
+        for r in self.world.ranks() {
+            r.gpu.begin_capture()?;
+        }
+        let result = calls(self);
+        let graphs = self
+            .world
+            .ranks()
+            .iter()
+            .map(|r| r.gpu.end_capture())
+            .collect::<Result<Vec<_>, _>>()?;
+        result?;
+        Ok(WorldGraph { graphs })
+    }
+
+    /// Launches a captured graph on every rank's stream (non-blocking; errors at [`Self::sync`]).
+    pub fn replay(&self, graph: &WorldGraph) -> Result<(), EpError> {
+        for (r, g) in self.world.ranks().iter().zip(&graph.graphs) {
+            r.gpu.launch_graph(g)?;
+        }
+        Ok(())
+    }
+
+    /// One block per SM the call may use.
+    fn launch_config(&self) -> LaunchConfig {
+        LaunchConfig::new(self.config.num_sms as u32, THREADS)
+    }
+
+    fn check_tokens(&self, tokens: &[usize]) -> Result<(), EpError> {
+        if tokens.len() != self.ranks() {
+            return Err(EpError::input(
+                0,
+                Error::Length {
+                    arg: "tokens",
+                    got: tokens.len(),
+                    expected: self.ranks(),
+                },
+            ));
+        }
+        for (r, &t) in tokens.iter().enumerate() {
+            if t > self.config.spec.max_tokens {
+                return Err(EpError::input(
+                    r,
+                    Error::Capacity {
+                        arg: "tokens",
+                        got: t,
+                        capacity: self.config.spec.max_tokens,
+                    },
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_handle(&self, handle: &Handle) -> Result<(), EpError> {
+        if !handle.ready || handle.blocks.len() != self.ranks() {
+            return Err(EpError::input(
+                0,
+                value("handle", "unfilled", "comes from a dispatch of this world"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Waits for every rank's stream, then reports the first failure of the calls since the last
+    /// sync (rank order): a wait past its deadline (the world must then be rebuilt), else a call
+    /// the device rejected (cleared: the world stays usable).
+    pub fn sync(&self) -> Result<(), EpError> {
+        for r in self.world.ranks() {
+            r.gpu.synchronize()?;
+        }
+        for r in self.world.ranks() {
+            r.check_waits()?;
+        }
+        let mut first = None;
+        for rank in 0..self.ranks() {
+            let mut rec = [ErrorRecord::default()];
+            self.buffer(rank)
+                .download_into(self.layout.error, &mut rec)?;
+            if rec[0].code == params::ERR_OK {
+                continue;
+            }
+            self.buffer(rank).fill(self.layout.error, 32, 0)?;
+            if first.is_none() {
+                first = Some(self.describe(rank, rec[0])?);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    fn describe(&self, rank: usize, rec: ErrorRecord) -> Result<EpError, EpError> {
+        let s = &self.config.spec;
+        Ok(match rec.code {
+            params::ERR_OVERFLOW => EpError::Overflow {
+                rank,
+                needed: rec.seen,
+                bound: rec.expected,
+            },
+            params::ERR_BAD_TOPK => {
+                // The device names the first bad slot of rank `peer`; re-check that token's row
+                // here to report it exactly as the host check would.
+                let src = rec.peer as usize;
+                let t = (rec.what >> 1) as usize / s.topk;
+                let mut row = vec![0i32; s.topk];
+                self.io[src].download_into(self.io_offsets[0] + t * s.topk * 4, &mut row)?;
+                let err = check_topk_idx("topk_idx", s.shape(), &row)
+                    .err()
+                    .map(|e| with_row(e, t))
+                    .unwrap_or_else(|| {
+                        value(
+                            "topk_idx",
+                            &format!("row {t}"),
+                            "was rejected on the device",
+                        )
+                    });
+                EpError::input(src, err)
+            }
+            other => EpError::Runtime(megamoe_cuda::Error::Invalid {
+                arg: "error record",
+                reason: format!("rank {rank}: unknown device error code {other}"),
+            }),
+        })
+    }
+}
+
+/// Rows handed to [`EpWorld::upload_inputs`].
+#[derive(Clone, Copy, Debug)]
+pub enum Rows<'a> {
+    Bf16(&'a [half::bf16]),
+    Fp8 { data: &'a [u8], scales: &'a [f32] },
+}
+
+impl Rows<'_> {
+    fn dtype_name(&self) -> &'static str {
+        match self {
+            Rows::Bf16(_) => "bf16 rows",
+            Rows::Fp8 { .. } => "fp8 rows",
+        }
+    }
+}
+
+/// The bytes of a bf16 slice (little-endian, as the device stores them).
+pub fn bytemuck_bf16(x: &[half::bf16]) -> &[u8] {
+    // SAFETY: bf16 is a plain 2-byte value with no padding; u8 has alignment 1.
+    unsafe { std::slice::from_raw_parts(x.as_ptr().cast(), std::mem::size_of_val(x)) }
+}
+
+/// Which block of [`EpWorld::io`] a pointer of [`RankPtrs`] lives in.
+#[derive(Clone, Copy, Debug)]
+pub enum IoRegion {
+    TopkIdx = 0,
+    Probs = 1,
+    Y = 2,
+    GradProbs = 3,
+}
+
+fn value(arg: &'static str, value: &str, reason: &str) -> Error {
+    Error::Value {
+        arg,
+        value: value.into(),
+        reason: reason.into(),
+    }
+}
+
+fn with_row(e: Error, row: usize) -> Error {
+    match e {
+        Error::ExpertOutOfRange {
+            arg,
+            slot,
+            value,
+            experts,
+            ..
+        } => Error::ExpertOutOfRange {
+            arg,
+            row,
+            slot,
+            value,
+            experts,
+        },
+        Error::DuplicateExpert {
+            arg,
+            expert,
+            first,
+            second,
+            ..
+        } => Error::DuplicateExpert {
+            arg,
+            row,
+            expert,
+            first,
+            second,
+        },
+        other => other,
+    }
+}

@@ -5,14 +5,12 @@ use megamoe_cuda::KernelSpec;
 
 use crate::heuristics::{all_configs, GemmConfig, OutDtype};
 
-/// This crate's device headers, included as `<megamoe_gemm/...>`.
+/// This crate's device headers, included as `<megamoe_gemm/...>`; the PTX wrappers are
+/// megamoe-cuda's (`<megamoe/ptx/...>`, namespace `megamoe::ptx`).
 pub const HEADERS: Headers = megamoe_cuda::header_set!(
     "device",
     [
-        "megamoe_gemm/ptx/types.cuh",
-        "megamoe_gemm/ptx/mbarrier.cuh",
-        "megamoe_gemm/ptx/tma.cuh",
-        "megamoe_gemm/ptx/sync.cuh",
+        "megamoe_gemm/pipeline/barriers.cuh",
         "megamoe_gemm/mma/wgmma.cuh",
         "megamoe_gemm/mma/fp8_mainloop.cuh",
         "megamoe_gemm/layout/smem_desc.cuh",
@@ -32,15 +30,16 @@ pub const THREADS: u32 = 384;
 pub fn kernel_spec(config: &GemmConfig) -> KernelSpec {
     let epilogue = match (config.tma_store, config.out) {
         (true, _) => "TmaStoreBf16",
-        (false, OutDtype::Bf16) => "StoreRows<u16>",
+        (false, OutDtype::Bf16) => "StoreRows<megamoe::u16>",
         (false, OutDtype::F32) => "StoreRows<float>",
     };
     let name = config.kernel_name();
     let source = format!(
         "#include <megamoe_gemm/impls/grouped_gemm.cuh>\n\
          extern \"C\" __global__ void __launch_bounds__({THREADS}, 1)\n\
-         {name}(const __grid_constant__ GroupedGemmParams p) {{\n\
-         \x20   grouped_gemm_fp8<{bm}, {bn}, {stages}, {g}, {masked}, {cluster}, {epilogue}>(p);\n\
+         {name}(const __grid_constant__ megamoe::gemm::GroupedGemmParams p) {{\n\
+         \x20   megamoe::gemm::grouped_gemm_fp8<{bm}, {bn}, {stages}, {g}, {masked}, {cluster},\n\
+         \x20                                   megamoe::gemm::{epilogue}>(p);\n\
          }}\n",
         bm = config.block_m,
         bn = config.block_n,

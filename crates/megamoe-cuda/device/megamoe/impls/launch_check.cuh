@@ -3,6 +3,8 @@
 // tensor map with a deadline on its mbarrier.
 #pragma once
 #include <megamoe/comm/deadline.cuh>
+#include <megamoe/ptx/mbarrier.cuh>
+#include <megamoe/ptx/sync.cuh>
 #include <megamoe/ptx/tma.cuh>
 
 namespace megamoe::impls {
@@ -21,13 +23,10 @@ __device__ __forceinline__ void launch_check(const LaunchCheckParams& p) {
   for (u32 i = threadIdx.x; i < p.smem_words; i += blockDim.x) words[i] = i * 3 + blockIdx.x;
   __syncthreads();
   if (threadIdx.x == 0) {
-    u32 cta_rank, cta_count;
-    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(cta_rank));
-    asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(cta_count));
     u32* out = reinterpret_cast<u32*>(p.out) + blockIdx.x * 3;
     out[0] = words[p.smem_words - 1];
-    out[1] = cta_rank;
-    out[2] = cta_count;
+    out[1] = ptx::cluster_cta_rank();
+    out[2] = ptx::cluster_cta_count();
   }
 }
 
@@ -50,8 +49,9 @@ __device__ __forceinline__ void tma_check(const TmaCheckParams& p) {
   __shared__ alignas(8) u64 bar;
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(&bar, 1);
+    ptx::fence_barrier_init();
     ptx::mbarrier_arrive_expect_tx(&bar, sizeof(tile));
-    ptx::tma_load_2d(tile, &p.map, &bar, p.x, p.y);
+    ptx::tma_load_2d(tile, &p.map, &bar, p.x, p.y, ptx::CacheHint::kEvictNormal);
   }
   __syncthreads();
   const comm::Deadline deadline = comm::Deadline::after(p.timeout_ns);

@@ -1,9 +1,25 @@
-// Thin wrappers over global-memory PTX: streaming 16-byte loads and system-scope acquire/release
-// accesses used for flags that peers read over NVLink.
+// Thin wrappers over memory PTX: shared-memory addresses and matrix stores, streaming 16-byte
+// global loads, and system-scope acquire/release accesses used for flags that peers read over
+// NVLink.
 #pragma once
 #include <megamoe/common.cuh>
 
 namespace megamoe::ptx {
+
+// The 32-bit shared-window address of a pointer into shared memory (what PTX's .shared operands
+// and descriptors take).
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+  return static_cast<u32>(__cvta_generic_to_shared(p));
+}
+
+// Four 8x8 b16 matrices from registers (one b32 per matrix per thread, the mma fragment
+// layout) to shared memory; lanes 8i..8i+7 give the row addresses of matrix i.
+__device__ __forceinline__ void stmatrix_x4(void* dst, u32 r0, u32 r1, u32 r2, u32 r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(
+                   smem_addr(dst)),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
 
 // 16-byte load through the non-coherent path, not kept in L1 (data read once), fetching whole
 // 256-byte L2 lines from DRAM (the streaming pattern HBM serves best).

@@ -1,7 +1,8 @@
-// Bulk tensor copies (TMA) completing on an mbarrier, and the mbarrier operations they need;
-// plain bulk stores from shared memory, tracked by the issuing thread's bulk groups.
+// Bulk tensor copies (TMA): loads completing on an mbarrier (optionally multicast into every CTA
+// of a cluster), stores tracked by the issuing thread's bulk groups, and plain bulk stores.
 #pragma once
 #include <megamoe/common.cuh>
+#include <megamoe/ptx/memory.cuh>
 
 namespace megamoe::ptx {
 
@@ -11,42 +12,47 @@ struct alignas(64) TensorMap {
 };
 static_assert(sizeof(TensorMap) == 128, "CUtensorMap is 128 bytes");
 
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-  u32 a;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-  return a;
+__device__ __forceinline__ void tma_prefetch_desc(const TensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<u64>(map)) : "memory");
 }
 
-__device__ __forceinline__ void mbarrier_init(u64* bar, u32 count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count)
-               : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-
-__device__ __forceinline__ void mbarrier_arrive_expect_tx(u64* bar, u32 bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
-               "r"(bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ bool mbarrier_try_wait_parity(u64* bar, u32 parity) {
-  u32 done;
-  asm volatile(
-      "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
-      "selp.u32 %0, 1, 0, p; }"
-      : "=r"(done)
-      : "r"(smem_addr(bar)), "r"(parity)
-      : "memory");
-  return done != 0;
-}
+// L2 cache policies for cp.async.bulk.tensor's .L2::cache_hint operand.
+enum class CacheHint : u64 {
+  kEvictNormal = 0x1000000000000000ull,
+  kEvictFirst = 0x12F0000000000000ull,
+  kEvictLast = 0x14F0000000000000ull,
+};
 
 __device__ __forceinline__ void tma_load_2d(void* smem_dst, const TensorMap* map, u64* bar, i32 x,
-                                            i32 y) {
+                                            i32 y, CacheHint hint) {
   asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
-      "[%0], [%1, {%3, %4}], [%2];" ::"r"(smem_addr(smem_dst)),
-      "l"(map), "r"(smem_addr(bar)), "r"(x), "r"(y)
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(smem_addr(smem_dst)),
+      "l"(reinterpret_cast<u64>(map)), "r"(smem_addr(bar)), "r"(x), "r"(y),
+      "l"(static_cast<u64>(hint))
       : "memory");
+}
+
+// The same box into the same shared-memory offset of every cluster CTA in `cta_mask`, each
+// copy completing on the barrier at `bar`'s offset in its CTA.
+__device__ __forceinline__ void tma_load_2d_multicast(void* smem_dst, const TensorMap* map, u64* bar,
+                                                      i32 x, i32 y, u16 cta_mask, CacheHint hint) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::"
+      "cluster.L2::cache_hint [%0], [%1, {%3, %4}], [%2], %5, %6;" ::"r"(smem_addr(smem_dst)),
+      "l"(reinterpret_cast<u64>(map)), "r"(smem_addr(bar)), "r"(x), "r"(y), "h"(cta_mask),
+      "l"(static_cast<u64>(hint))
+      : "memory");
+}
+
+// Shared -> global; the source must be made visible to the async proxy first
+// (fence_proxy_async_shared in every writing thread, then a barrier).
+__device__ __forceinline__ void tma_store_2d(const TensorMap* map, const void* smem_src, i32 x,
+                                             i32 y) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
+                   reinterpret_cast<u64>(map)),
+               "r"(smem_addr(smem_src)), "r"(x), "r"(y)
+               : "memory");
 }
 
 // Orders this thread's earlier generic-proxy writes to shared memory before later bulk copies

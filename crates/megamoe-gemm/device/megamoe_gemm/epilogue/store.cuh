@@ -4,16 +4,14 @@
 // mainloop; the L1 SwiGLU + routing weight + re-quantisation epilogue is another policy of the
 // same shape.
 #pragma once
-#include <megamoe_gemm/ptx/types.cuh>
-#include <megamoe_gemm/ptx/sync.cuh>
-#include <megamoe_gemm/ptx/tma.cuh>
+#include <megamoe/common.cuh>
+#include <megamoe/ptx/convert.cuh>
+#include <megamoe/ptx/memory.cuh>
+#include <megamoe/ptx/tma.cuh>
+#include <megamoe_gemm/pipeline/barriers.cuh>
 #include <megamoe_gemm/impls/grouped_gemm_params.cuh>
 
-__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
+namespace megamoe::gemm {
 
 // Row-major output of `Out` (u16 holds bf16 bits, or float) written straight from registers;
 // rows >= rows_valid are left alone (the masked layout's rows past an expert's count).
@@ -39,7 +37,7 @@ struct StoreRows {
                 const float v0 = acc[4 * j + 2 * half];
                 const float v1 = acc[4 * j + 2 * half + 1];
                 if constexpr (sizeof(Out) == 2) {
-                    *reinterpret_cast<u32*>(dst + 8 * j) = pack_bf16x2(v0, v1);
+                    *reinterpret_cast<u32*>(dst + 8 * j) = ptx::bf16x2(v0, v1);
                 } else {
                     *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(v0, v1);
                 }
@@ -69,29 +67,31 @@ struct TmaStoreBf16 {
         const u32 chunk_step = lane / 16;
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-            if (leader) bulk_wait_group_read_all();
+            if (leader) ptx::bulk_wait_group_read<0>();
             named_barrier_sync(bar, 128);
 #pragma unroll
             for (int jj = 0; jj < 8; jj += 2) {
                 const int j = half * 8 + jj;  // 8-column group inside the 128-column slice
                 const u32 chunk = jj + chunk_step;
                 u8* dst = staging + row * 128 + ((chunk ^ (row % 8)) * 16);
-                stmatrix_x4(dst, pack_bf16x2(acc[4 * j], acc[4 * j + 1]),
-                            pack_bf16x2(acc[4 * j + 2], acc[4 * j + 3]),
-                            pack_bf16x2(acc[4 * j + 4], acc[4 * j + 5]),
-                            pack_bf16x2(acc[4 * j + 6], acc[4 * j + 7]));
+                ptx::stmatrix_x4(dst, ptx::bf16x2(acc[4 * j], acc[4 * j + 1]),
+                                 ptx::bf16x2(acc[4 * j + 2], acc[4 * j + 3]),
+                                 ptx::bf16x2(acc[4 * j + 4], acc[4 * j + 5]),
+                                 ptx::bf16x2(acc[4 * j + 6], acc[4 * j + 7]));
             }
-            fence_proxy_async_shared();
+            ptx::fence_proxy_async_shared();
             named_barrier_sync(bar, 128);
             if (leader) {
-                tma_store_2d(&p.tma_d, staging, static_cast<i32>(col0 + 64 * half),
-                             static_cast<i32>(row0));
-                bulk_commit_group();
+                ptx::tma_store_2d(&p.tma_d, staging, static_cast<i32>(col0 + 64 * half),
+                                  static_cast<i32>(row0));
+                ptx::bulk_commit_group();
             }
         }
     }
 
     __device__ __forceinline__ static void finish() {
-        if (threadIdx.x % 128 == 0) bulk_wait_group_all();
+        if (threadIdx.x % 128 == 0) ptx::bulk_wait_group_all();
     }
 };
+
+}  // namespace megamoe::gemm

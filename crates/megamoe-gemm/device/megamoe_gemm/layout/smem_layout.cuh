@@ -3,7 +3,9 @@
 // then the per-expert row counts. Mirrored by
 // `smem_bytes` in src/heuristics.rs.
 #pragma once
-#include <megamoe_gemm/ptx/types.cuh>
+#include <megamoe/common.cuh>
+
+namespace megamoe::gemm {
 
 template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize>
 struct SmemLayout {
@@ -50,3 +52,5 @@ struct RingCursor {
         }
     }
 };
+
+}  // namespace megamoe::gemm

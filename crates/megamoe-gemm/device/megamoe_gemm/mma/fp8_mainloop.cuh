@@ -3,12 +3,15 @@
 // then promoted into the running sum with sa[row] * sb, so the tensor cores' limited-precision
 // accumulation never spans more than one group (SPEC §3 steps 1 and 4).
 #pragma once
+#include <megamoe/ptx/mbarrier.cuh>
 #include <megamoe_gemm/mma/wgmma.cuh>
-#include <megamoe_gemm/ptx/mbarrier.cuh>
+#include <megamoe_gemm/pipeline/barriers.cuh>
 #include <megamoe_gemm/layout/smem_desc.cuh>
 #include <megamoe_gemm/layout/smem_layout.cuh>
 #include <megamoe_gemm/scheduler/tile_scheduler.cuh>
 #include <megamoe_gemm/impls/grouped_gemm_params.cuh>
+
+namespace megamoe::gemm {
 
 using Fp8Mma = WgmmaM64N128K32E4M3;
 
@@ -17,10 +20,10 @@ using Fp8Mma = WgmmaM64N128K32E4M3;
 template <int kClusterM>
 __device__ __forceinline__ void release_stage(u64* empty) {
     if constexpr (kClusterM == 1) {
-        mbarrier_arrive(empty);
+        ptx::mbarrier_arrive(empty);
     } else {
 #pragma unroll
-        for (u32 cta = 0; cta < kClusterM; ++cta) mbarrier_arrive_cluster(empty, cta);
+        for (u32 cta = 0; cta < kClusterM; ++cta) ptx::mbarrier_arrive_cluster(empty, cta);
     }
 }
 
@@ -130,3 +133,5 @@ __device__ void wgmma_consumer(const GroupedGemmParams& p,
     }
     Epilogue::finish();
 }
+
+}  // namespace megamoe::gemm

@@ -1,6 +1,8 @@
 // wgmma wrappers (PTX ISA 9.7.15): FP8 e4m3 x e4m3 -> f32, both operands in shared memory.
 #pragma once
-#include <megamoe_gemm/ptx/types.cuh>
+#include <megamoe/common.cuh>
+
+namespace megamoe::gemm {
 
 __device__ __forceinline__ void wgmma_fence() {
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
@@ -48,3 +50,5 @@ struct WgmmaM64N128K32E4M3 {
             : "l"(desc_a), "l"(desc_b), "r"(static_cast<u32>(accumulate)));
     }
 };
+
+}  // namespace megamoe::gemm

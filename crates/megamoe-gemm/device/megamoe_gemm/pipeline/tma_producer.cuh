@@ -3,10 +3,14 @@
 // and multicasts it into both CTAs' stage; otherwise the CTA loads both halves itself. Either
 // way each stage's full barrier receives the same bytes.
 #pragma once
-#include <megamoe_gemm/ptx/tma.cuh>
+#include <megamoe/ptx/mbarrier.cuh>
+#include <megamoe/ptx/tma.cuh>
+#include <megamoe_gemm/pipeline/barriers.cuh>
 #include <megamoe_gemm/layout/smem_layout.cuh>
 #include <megamoe_gemm/scheduler/tile_scheduler.cuh>
 #include <megamoe_gemm/impls/grouped_gemm_params.cuh>
+
+namespace megamoe::gemm {
 
 template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, bool kMasked, int kClusterM>
 __device__ void tma_producer(const GroupedGemmParams& p,
@@ -32,25 +36,28 @@ __device__ void tma_producer(const GroupedGemmParams& p,
         for (u32 kb = 0; kb < k_blocks; ++kb) {
             mbarrier_wait(smem.empty(ring.stage), ring.phase ^ 1, error, p.timeout_ns, kWaitEmpty);
             u64* full = smem.full(ring.stage);
-            mbarrier_arrive_expect_tx(full, Layout::kStageTxBytes);
+            ptx::mbarrier_arrive_expect_tx(full, Layout::kStageTxBytes);
             const i32 k0 = static_cast<i32>(kb * Layout::kBlockK);
-            tma_load_2d(smem.a(ring.stage), &p.tma_a, full, k0, static_cast<i32>(t.a_row),
-                        CacheHint::kEvictLast);
+            ptx::tma_load_2d(smem.a(ring.stage), &p.tma_a, full, k0, static_cast<i32>(t.a_row),
+                             ptx::CacheHint::kEvictLast);
             if (kClusterM > 1 && t.shared_b) {
                 const u32 r = sched.rank;
-                tma_load_2d_multicast(smem.b(ring.stage) + r * kBRowsPerLoad * Layout::kBlockK, &p.tma_b,
-                                      full, k0, b_row + static_cast<i32>(r * kBRowsPerLoad),
-                                      (1u << kClusterM) - 1, CacheHint::kEvictNormal);
+                ptx::tma_load_2d_multicast(smem.b(ring.stage) + r * kBRowsPerLoad * Layout::kBlockK,
+                                           &p.tma_b, full, k0, b_row + static_cast<i32>(r * kBRowsPerLoad),
+                                           (1u << kClusterM) - 1, ptx::CacheHint::kEvictNormal);
             } else {
 #pragma unroll
                 for (int h = 0; h < kClusterM; ++h) {
-                    tma_load_2d(smem.b(ring.stage) + h * kBRowsPerLoad * Layout::kBlockK, &p.tma_b, full,
-                                k0, b_row + static_cast<i32>(h * kBRowsPerLoad), CacheHint::kEvictNormal);
+                    ptx::tma_load_2d(smem.b(ring.stage) + h * kBRowsPerLoad * Layout::kBlockK, &p.tma_b,
+                                     full, k0, b_row + static_cast<i32>(h * kBRowsPerLoad),
+                                     ptx::CacheHint::kEvictNormal);
                 }
             }
-            tma_load_2d(smem.sa(ring.stage), &p.tma_sa, full, sa_x,
-                        sa_y0 + static_cast<i32>(kb * kScaleCols), CacheHint::kEvictLast);
+            ptx::tma_load_2d(smem.sa(ring.stage), &p.tma_sa, full, sa_x,
+                             sa_y0 + static_cast<i32>(kb * kScaleCols), ptx::CacheHint::kEvictLast);
             ring.advance();
         }
     }
 }
+
+}  // namespace megamoe::gemm

@@ -10,8 +10,10 @@
 // paired along N instead (n-blocks 2j and 2j + 1, nothing shared). Both CTAs of a cluster thus
 // always hold a tile, or both are done.
 #pragma once
-#include <megamoe_gemm/ptx/types.cuh>
-#include <megamoe_gemm/ptx/sync.cuh>
+#include <megamoe/common.cuh>
+#include <megamoe/ptx/sync.cuh>
+
+namespace megamoe::gemm {
 
 struct Tile {
     u32 expert;
@@ -48,9 +50,9 @@ struct TileScheduler {
             next_tile = blockIdx.x;
             stride = gridDim.x;
         } else {
-            rank = cluster_cta_rank();
-            next_tile = cluster_index();
-            stride = cluster_count();
+            rank = ptx::cluster_cta_rank();
+            next_tile = ptx::cluster_index();
+            stride = ptx::cluster_count();
         }
         load_expert();
     }
@@ -95,3 +97,5 @@ struct TileScheduler {
         return true;
     }
 };
+
+}  // namespace megamoe::gemm

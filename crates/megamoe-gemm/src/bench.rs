@@ -4,7 +4,7 @@ use megamoe_cuda::Gpu;
 
 use crate::error::{GemmError, Result};
 use crate::grouped::GroupedGemm;
-use crate::heuristics::{choose, with_block_n, with_cluster, GemmProblem};
+use crate::heuristics::{choose, with_a_regs, with_block_n, with_cluster, GemmConfig, GemmProblem};
 use crate::testdata::{compare, DeviceOperands, HostOperands};
 
 /// Measured FP8 dense peak of our H200 (ANCHORS.md).
@@ -38,22 +38,27 @@ pub struct BenchOptions {
     pub direct_store: bool,
     /// Another `group_m` than the heuristic's.
     pub group_m: Option<usize>,
-    /// CTAs per cluster sharing the weight tile (see `GemmConfig::cluster_m`).
-    pub cluster_m: Option<usize>,
 }
 
-/// Checks sampled rows (first and last of every expert, every element for poison), then times
-/// `iters` launches after `warmup`, each between its own pair of events.
-pub fn run_case(
+/// One arm of an interleaved comparison: the heuristic's kernel with these overrides.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Arm {
+    /// CTAs per cluster sharing the weight tile (see `GemmConfig::cluster_m`).
+    pub cluster_m: Option<usize>,
+    /// wgmma A operand from registers (see `GemmConfig::a_regs`).
+    pub a_regs: bool,
+}
+
+/// The configuration `arm` runs for `problem`.
+fn arm_config(
     gpu: &Gpu,
-    problem: GemmProblem,
-    rows: &[usize],
-    seed: u64,
+    problem: &GemmProblem,
     opts: &BenchOptions,
-) -> Result<BenchResult> {
-    let mut config = choose(&problem, gpu.props().sm_count as usize)?;
+    arm: &Arm,
+) -> Result<GemmConfig> {
+    let mut config = choose(problem, gpu.props().sm_count as usize)?;
     if let Some(bn) = opts.block_n {
-        config = with_block_n(config, &problem, bn).ok_or_else(|| GemmError::Shape {
+        config = with_block_n(config, problem, bn).ok_or_else(|| GemmError::Shape {
             arg: "block_n",
             reason: format!(
                 "{bn} is not a tile width for BLOCK_M {} and N {}",
@@ -61,12 +66,16 @@ pub fn run_case(
             ),
         })?;
     }
-    if let Some(cm) = opts.cluster_m {
-        config = with_cluster(config, &problem, cm).ok_or_else(|| GemmError::Shape {
+    if let Some(cm) = arm.cluster_m {
+        config = with_cluster(config, problem, cm).ok_or_else(|| GemmError::Shape {
             arg: "cluster_m",
             reason: format!("no {cm}-CTA cluster variant of {}", config.kernel_name()),
         })?;
     }
+    config = with_a_regs(config, arm.a_regs).ok_or_else(|| GemmError::Shape {
+        arg: "a_regs",
+        reason: format!("no A-from-registers variant of {}", config.kernel_name()),
+    })?;
     if opts.direct_store {
         config.tma_store = false;
     }
@@ -79,40 +88,70 @@ pub fn run_case(
         }
         config.group_m = group_m;
     }
+    Ok(config)
+}
+
+/// Runs every arm on the same operands: each checked (sampled rows: first and last of every
+/// expert, every element for poison, output poisoned before each arm's first launch), then
+/// `warmup` launches of each and `iters` rounds of one launch per arm in turn, each launch
+/// between its own pair of events, so that clocks and temperature drift hit every arm alike.
+pub fn run_arms(
+    gpu: &Gpu,
+    problem: GemmProblem,
+    rows: &[usize],
+    seed: u64,
+    opts: &BenchOptions,
+    arms: &[Arm],
+) -> Result<Vec<BenchResult>> {
+    let configs = arms
+        .iter()
+        .map(|arm| arm_config(gpu, &problem, opts, arm))
+        .collect::<Result<Vec<_>>>()?;
     let host = HostOperands::random(problem, rows, seed)?;
     let dev = DeviceOperands::upload(gpu, &host)?;
-    let gemm = GroupedGemm::new(gpu, problem, config, host.contiguous_rows, dev.pointers())?;
-    dev.poison_output()?;
-    gemm.launch(gpu)?;
-    gemm.check(gpu)?;
-    let out: Vec<u8> = dev.out.download()?;
-    let c = compare(&host, &out, usize::MAX);
-
-    for _ in 0..opts.warmup {
+    let mut gemms = Vec::with_capacity(configs.len());
+    let mut checks = Vec::with_capacity(configs.len());
+    for config in &configs {
+        let gemm = GroupedGemm::new(gpu, problem, *config, host.contiguous_rows, dev.pointers())?;
+        dev.poison_output()?;
         gemm.launch(gpu)?;
+        gemm.check(gpu)?;
+        let out: Vec<u8> = dev.out.download()?;
+        checks.push(compare(&host, &out, usize::MAX));
+        for _ in 0..opts.warmup {
+            gemm.launch(gpu)?;
+        }
+        gemms.push(gemm);
     }
     let timer = gpu.timer()?;
-    let mut times = Vec::with_capacity(opts.iters);
+    let mut times = vec![Vec::with_capacity(opts.iters); gemms.len()];
     for _ in 0..opts.iters {
-        timer.start()?;
-        gemm.launch(gpu)?;
-        timer.stop()?;
-        times.push(timer.elapsed_ms()? as f64 * 1e3);
+        for (gemm, t) in gemms.iter().zip(&mut times) {
+            timer.start()?;
+            gemm.launch(gpu)?;
+            timer.stop()?;
+            t.push(timer.elapsed_ms()? as f64 * 1e3);
+        }
     }
-    gemm.check(gpu)?;
-    times.sort_by(f64::total_cmp);
-    let median = times[times.len() / 2];
     let (flops, bytes) = host.flops_and_bytes();
-    Ok(BenchResult {
-        kernel: config.kernel_name(),
-        median_us: median,
-        min_us: times[0],
-        max_us: *times.last().unwrap(),
-        tflops: flops / (median * 1e-6) / 1e12,
-        floor_us: (flops / PEAK_FLOPS).max(bytes / HBM_BYTES_PER_S) * 1e6,
-        weight_floor_us: host.weight_bytes() / HBM_BYTES_PER_S * 1e6,
-        diff: c.diff,
-        rows_checked: c.rows_checked,
-        unwritten: c.unwritten + c.overwritten,
-    })
+    let mut results = Vec::with_capacity(gemms.len());
+    for ((gemm, mut times), (config, c)) in gemms.iter().zip(times).zip(configs.iter().zip(checks))
+    {
+        gemm.check(gpu)?;
+        times.sort_by(f64::total_cmp);
+        let median = times[times.len() / 2];
+        results.push(BenchResult {
+            kernel: config.kernel_name(),
+            median_us: median,
+            min_us: times[0],
+            max_us: *times.last().unwrap(),
+            tflops: flops / (median * 1e-6) / 1e12,
+            floor_us: (flops / PEAK_FLOPS).max(bytes / HBM_BYTES_PER_S) * 1e6,
+            weight_floor_us: host.weight_bytes() / HBM_BYTES_PER_S * 1e6,
+            diff: c.diff,
+            rows_checked: c.rows_checked,
+            unwritten: c.unwritten + c.overwritten,
+        });
+    }
+    Ok(results)
 }

@@ -76,6 +76,9 @@ pub struct GemmConfig {
     /// CTAs per cluster: 2 pairs CTAs on m-blocks 2i, 2i + 1 of one expert and n-block, each
     /// loading half the weight tile and multicasting it to both (128 x 256 tiles only).
     pub cluster_m: usize,
+    /// The wgmmas take A from registers, loaded with ldmatrix once per scale group for both of
+    /// a warpgroup's 128-column waves (128 x 256 tiles only; a benchmark knob, not chosen here).
+    pub a_regs: bool,
     pub ctas: usize,
 }
 
@@ -88,7 +91,7 @@ impl GemmConfig {
     /// The kernel symbol of this instantiation.
     pub fn kernel_name(&self) -> String {
         format!(
-            "grouped_gemm_fp8_m{}_n{}_s{}_g{}_{}_{}{}{}",
+            "grouped_gemm_fp8_m{}_n{}_s{}_g{}_{}_{}{}{}{}",
             self.block_m,
             self.block_n,
             self.stages,
@@ -103,7 +106,8 @@ impl GemmConfig {
                 format!("_c{}", self.cluster_m)
             } else {
                 String::new()
-            }
+            },
+            if self.a_regs { "_areg" } else { "" }
         )
     }
 }
@@ -196,6 +200,7 @@ pub fn choose(p: &GemmProblem, sms: usize) -> Result<GemmConfig, GemmError> {
         tma_store: tma_store_applies(matches!(p.layout, Layout::Masked { .. }), p.out),
         group_m: 8,
         cluster_m: 1,
+        a_regs: false,
         ctas: sms,
     };
     if std::env::var_os("MEGAMOE_GEMM_LOG").is_some() {
@@ -232,14 +237,25 @@ pub fn with_cluster(config: GemmConfig, p: &GemmProblem, cluster_m: usize) -> Op
     })
 }
 
-/// Every configuration `choose` can return (and the clustered variants of the 128 x 256
-/// tile), for compile-everything checks.
+/// `config` with the wgmma A operand from registers, or None where that does not exist (only
+/// 128 x 256 tiles, whose warpgroups run two waves on the same A slice).
+pub fn with_a_regs(config: GemmConfig, a_regs: bool) -> Option<GemmConfig> {
+    let exists = !a_regs || (config.block_m, config.block_n) == (128, 256);
+    exists.then_some(GemmConfig { a_regs, ..config })
+}
+
+/// Every configuration `choose` can return (and the clustered and A-from-registers variants of
+/// the 128 x 256 tile), for compile-everything checks.
 pub fn all_configs(sms: usize) -> Vec<GemmConfig> {
     let mut out = Vec::new();
-    for (block_m, block_n, cluster_m) in TILE_SHAPES
-        .map(|(m, n)| (m, n, 1))
+    for (block_m, block_n, cluster_m, a_regs) in TILE_SHAPES
+        .map(|(m, n)| (m, n, 1, false))
         .into_iter()
-        .chain([(128, 256, 2)])
+        .chain([
+            (128, 256, 2, false),
+            (128, 256, 1, true),
+            (128, 256, 2, true),
+        ])
     {
         for group_size in [128, 64] {
             for masked in [false, true] {
@@ -258,6 +274,7 @@ pub fn all_configs(sms: usize) -> Vec<GemmConfig> {
                             tma_store,
                             group_m: 8,
                             cluster_m,
+                            a_regs,
                             ctas: sms - sms % cluster_m,
                         });
                     }

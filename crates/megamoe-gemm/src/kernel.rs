@@ -38,7 +38,7 @@ pub fn kernel_spec(config: &GemmConfig) -> KernelSpec {
         "#include <megamoe_gemm/impls/grouped_gemm.cuh>\n\
          extern \"C\" __global__ void __launch_bounds__({THREADS}, 1)\n\
          {name}(const __grid_constant__ megamoe::gemm::GroupedGemmParams p) {{\n\
-         \x20   megamoe::gemm::grouped_gemm_fp8<{bm}, {bn}, {stages}, {g}, {masked}, {cluster},\n\
+         \x20   megamoe::gemm::grouped_gemm_fp8<{bm}, {bn}, {stages}, {g}, {masked}, {cluster}, {a_regs},\n\
          \x20                                   megamoe::gemm::{epilogue}>(p);\n\
          }}\n",
         bm = config.block_m,
@@ -47,6 +47,7 @@ pub fn kernel_spec(config: &GemmConfig) -> KernelSpec {
         g = config.group_size,
         masked = config.masked,
         cluster = config.cluster_m,
+        a_regs = config.a_regs,
     );
     KernelSpec {
         name: name.clone(),

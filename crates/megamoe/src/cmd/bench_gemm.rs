@@ -4,7 +4,7 @@
 use clap::{Args, ValueEnum};
 use megamoe_core::Preset;
 use megamoe_cuda::Gpu;
-use megamoe_gemm::bench::{run_case, BenchOptions};
+use megamoe_gemm::bench::{run_arms, Arm, BenchOptions};
 use megamoe_gemm::heuristics::{GemmProblem, Layout, OutDtype};
 use megamoe_gemm::testdata::group_sizes;
 
@@ -54,9 +54,13 @@ pub struct BenchGemmArgs {
     #[arg(long)]
     pub group_m: Option<usize>,
     /// CTAs per cluster sharing the weight tile (1 or 2; tuning knob); a comma-separated list
-    /// runs each case once per value, interleaved.
+    /// runs each case once per value, interleaved on the same operands.
     #[arg(long, value_delimiter = ',')]
     pub cluster_m: Vec<usize>,
+    /// wgmma A operand from registers (true/false; 128 x 256 tiles; tuning knob); a
+    /// comma-separated list runs each case once per value (and per cluster size), interleaved.
+    #[arg(long, value_delimiter = ',')]
+    pub a_regs: Vec<bool>,
     /// Appends one JSON line per case (group sizes included) for the torch comparison script.
     #[arg(long)]
     pub json_out: Option<std::path::PathBuf>,
@@ -106,15 +110,22 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
     } else {
         args.cluster_m.iter().map(|&c| Some(c)).collect()
     };
+    let a_regs = if args.a_regs.is_empty() {
+        vec![false]
+    } else {
+        args.a_regs.clone()
+    };
+    let arms: Vec<Arm> = clusters
+        .iter()
+        .flat_map(|&cluster_m| a_regs.iter().map(move |&a_regs| Arm { cluster_m, a_regs }))
+        .collect();
     let mut cases = Vec::new();
     for &mean in &args.rows_per_expert {
         for &pad in &pads {
-            for &cluster_m in &clusters {
-                cases.push((mean, pad, cluster_m));
-            }
+            cases.push((mean, pad));
         }
     }
-    for (mean, pad, cluster_m) in cases {
+    for (mean, pad) in cases {
         let rows = group_sizes(args.experts, mean, args.seed ^ mean as u64);
         let max_rows = *rows.iter().max().unwrap_or(&0);
         let layout = match args.layout {
@@ -140,64 +151,65 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
             block_n: args.block_n,
             direct_store: args.direct_store,
             group_m: args.group_m,
-            cluster_m,
         };
-        let r = run_case(&gpu, problem, &rows, args.seed, &opts)?;
-        let deepgemm = DEEPGEMM_US
-            .iter()
-            .find(|(sh, m, _)| {
-                *sh == args.shape
-                    && *m == mean
-                    && args.preset == "flash"
-                    && args.experts == 128
-                    && args.layout == GemmLayout::Contiguous
-            })
-            .map(|d| format!("{:.0}", d.2))
-            .unwrap_or_else(|| "–".into());
-        println!(
-            "| {:?} | {} | {} | {} | {:.1} ({:.1}–{:.1}) | {:.0} | {:.1} | {:.2} | {:.1} | {} | {:.1e}{} |",
-            args.shape,
-            match layout {
-                Layout::Contiguous { pad } => format!("contiguous pad {pad}"),
-                Layout::Masked { .. } => "masked".into(),
-            },
-            mean,
-            r.kernel,
-            r.median_us,
-            r.min_us,
-            r.max_us,
-            r.tflops,
-            r.floor_us,
-            r.median_us / r.floor_us,
-            r.weight_floor_us,
-            deepgemm,
-            r.diff,
-            if r.unwritten > 0 { " UNWRITTEN" } else { "" }
-        );
-        if r.diff > 1e-4 || r.unwritten > 0 || r.diff.is_nan() {
-            return Err(format!(
-                "{:?} {} rows: diff {:.2e}, {} bad rows",
-                args.shape, mean, r.diff, r.unwritten
-            )
-            .into());
-        }
-        if let Some(path) = &args.json_out {
-            use std::io::Write;
-            let line = serde_json::json!({
-                "shape": format!("{:?}", args.shape), "layout": format!("{:?}", args.layout), "pad": match layout {
-                    Layout::Contiguous { pad } => pad,
-                    Layout::Masked { .. } => 0,
+        let results = run_arms(&gpu, problem, &rows, args.seed, &opts, &arms)?;
+        for (arm, r) in arms.iter().zip(results) {
+            let deepgemm = DEEPGEMM_US
+                .iter()
+                .find(|(sh, m, _)| {
+                    *sh == args.shape
+                        && *m == mean
+                        && args.preset == "flash"
+                        && args.experts == 128
+                        && args.layout == GemmLayout::Contiguous
+                })
+                .map(|d| format!("{:.0}", d.2))
+                .unwrap_or_else(|| "–".into());
+            println!(
+                "| {:?} | {} | {} | {} | {:.1} ({:.1}–{:.1}) | {:.0} | {:.1} | {:.2} | {:.1} | {} | {:.1e}{} |",
+                args.shape,
+                match layout {
+                    Layout::Contiguous { pad } => format!("contiguous pad {pad}"),
+                    Layout::Masked { .. } => "masked".into(),
                 },
-                "cluster_m": cluster_m.unwrap_or(1),
-                "rows_per_expert": mean, "n": n, "k": k, "group_sizes": rows,
-                "us": r.median_us, "tflops": r.tflops, "floor_us": r.floor_us,
-                "weight_floor_us": r.weight_floor_us, "deepgemm_us": deepgemm, "kernel": r.kernel,
-            });
-            let mut f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)?;
-            writeln!(f, "{line}")?;
+                mean,
+                r.kernel,
+                r.median_us,
+                r.min_us,
+                r.max_us,
+                r.tflops,
+                r.floor_us,
+                r.median_us / r.floor_us,
+                r.weight_floor_us,
+                deepgemm,
+                r.diff,
+                if r.unwritten > 0 { " UNWRITTEN" } else { "" }
+            );
+            if r.diff > 1e-4 || r.unwritten > 0 || r.diff.is_nan() {
+                return Err(format!(
+                    "{:?} {} rows: diff {:.2e}, {} bad rows",
+                    args.shape, mean, r.diff, r.unwritten
+                )
+                .into());
+            }
+            if let Some(path) = &args.json_out {
+                use std::io::Write;
+                let line = serde_json::json!({
+                    "shape": format!("{:?}", args.shape), "layout": format!("{:?}", args.layout), "pad": match layout {
+                        Layout::Contiguous { pad } => pad,
+                        Layout::Masked { .. } => 0,
+                    },
+                    "cluster_m": arm.cluster_m.unwrap_or(1), "a_regs": arm.a_regs,
+                    "rows_per_expert": mean, "n": n, "k": k, "group_sizes": rows,
+                    "us": r.median_us, "tflops": r.tflops, "floor_us": r.floor_us,
+                    "weight_floor_us": r.weight_floor_us, "deepgemm_us": deepgemm, "kernel": r.kernel,
+                });
+                let mut f = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)?;
+                writeln!(f, "{line}")?;
+            }
         }
     }
     Ok(())

@@ -29,8 +29,11 @@ __device__ __forceinline__ void release_stage(u64* empty) {
 
 // The K loop of one tile for one warpgroup: rows a_off..a_off+63 of the A tile times columns
 // b_off..b_off + kWaves*128 of the B tile, one wave of m64n128 wgmmas per 128 columns, summed
-// into `sum` (kWaves * 64 f32 registers; the fresh accumulators take 64 more).
-template <int kWaves, int kClusterM, int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize>
+// into `sum` (kWaves * 64 f32 registers; the fresh accumulators take 64 more). kARegs: each
+// scale group's A slice is read from shared memory once (ldmatrix, G/32 x 4 registers) and fed
+// to every wave from registers, instead of every wave's wgmmas reading it again.
+template <int kWaves, int kClusterM, bool kARegs, int BLOCK_M, int BLOCK_N, int kStages,
+          int kGroupSize>
 __device__ __forceinline__ void tile_k_loop(const GroupedGemmParams& p,
                                             const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>& smem,
                                             RingCursor<kStages>& ring, const Tile& t, u32 a_off,
@@ -41,6 +44,10 @@ __device__ __forceinline__ void tile_k_loop(const GroupedGemmParams& p,
     constexpr int kMmaPerGroup = kGroupSize / Mma::kK;
     const u32 lane = threadIdx.x % 32;
     const u32 r_lo = a_off + (threadIdx.x / 32) % 4 * 16 + lane / 4;
+    // ldmatrix.x4 row and 16-byte chunk of this lane inside the slice (matrices: rows 0-7 | 8-15
+    // of the warp's 16, times bytes 0-15 | 16-31 of the k32 step), before the 128-byte swizzle.
+    const u32 a_ld_row = (threadIdx.x / 32) % 4 * 16 + lane % 8 + 8 * ((lane / 8) % 2);
+    const u32 a_ld_chunk = lane / 16;
     u32* error = reinterpret_cast<u32*>(p.error);
     const u32 k_blocks = p.k / Layout::kBlockK;
     // Weight scales of this slice's 128-column blocks: row (expert, n-block), one per K block.
@@ -68,6 +75,15 @@ __device__ __forceinline__ void tile_k_loop(const GroupedGemmParams& p,
 
 #pragma unroll
         for (int g = 0; g < kScaleCols; ++g) {
+            u32 a_frag[kMmaPerGroup][4];
+            if constexpr (kARegs) {
+#pragma unroll
+                for (int j = 0; j < kMmaPerGroup; ++j) {
+                    const u32 chunk = (g * kMmaPerGroup + j) * (Mma::kK / 16) + a_ld_chunk;
+                    ptx::ldmatrix_x4(a_tile + a_ld_row * Layout::kBlockK + (chunk ^ (a_ld_row % 8)) * 16,
+                                     a_frag[j]);
+                }
+            }
 #pragma unroll
             for (int w = 0; w < kWaves; ++w) {
                 float acc[Mma::kAccum];
@@ -77,9 +93,15 @@ __device__ __forceinline__ void tile_k_loop(const GroupedGemmParams& p,
 #pragma unroll
                 for (int j = 0; j < kMmaPerGroup; ++j) {
                     const u32 k_bytes = (g * kMmaPerGroup + j) * Mma::kK;
-                    Mma::mma(smem_desc_k_major_sw128(a_tile, k_bytes),
-                             smem_desc_k_major_sw128(b_tile + w * Mma::kN * Layout::kBlockK, k_bytes),
-                             acc, j > 0);
+                    if constexpr (kARegs) {
+                        Mma::mma(a_frag[j],
+                                 smem_desc_k_major_sw128(b_tile + w * Mma::kN * Layout::kBlockK, k_bytes),
+                                 acc, j > 0);
+                    } else {
+                        Mma::mma(smem_desc_k_major_sw128(a_tile, k_bytes),
+                                 smem_desc_k_major_sw128(b_tile + w * Mma::kN * Layout::kBlockK, k_bytes),
+                                 acc, j > 0);
+                    }
                 }
                 wgmma_commit();
 #pragma unroll
@@ -103,7 +125,7 @@ __device__ __forceinline__ void tile_k_loop(const GroupedGemmParams& p,
 }
 
 template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, bool kMasked, int kClusterM,
-          typename Epilogue>
+          bool kARegs, typename Epilogue>
 __device__ void wgmma_consumer(const GroupedGemmParams& p,
                                const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>& smem,
                                u32 wg) {
@@ -123,7 +145,7 @@ __device__ void wgmma_consumer(const GroupedGemmParams& p,
     Tile t;
     while (sched.next(t)) {
         float sum[kWaves][Mma::kAccum];
-        tile_k_loop<kWaves, kClusterM>(p, smem, ring, t, a_off, b_off, sum);
+        tile_k_loop<kWaves, kClusterM, kARegs>(p, smem, ring, t, a_off, b_off, sum);
         const u32 rows_valid = t.rows_valid > a_off ? t.rows_valid - a_off : 0;
 #pragma unroll
         for (int w = 0; w < kWaves; ++w) {

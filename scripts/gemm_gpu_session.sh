@@ -1,16 +1,19 @@
 #!/bin/bash
-# The grouped GEMM's GPU session: selftest (every configuration against the CPU reference), the
-# benchmark table (flash L1/L2, 32/192/512/1024 rows per expert; single CTAs and 2-CTA clusters
-# interleaved per size; masked at 32), 1000-iteration runs of single CTAs and clusters, and
-# torch._scaled_grouped_mm on the same group sizes, short table last. SM clock and power are
-# logged every 200 ms meanwhile and summarised per phase.
-# usage: [NO_TORCH=1] scripts/gemm_gpu_session.sh MEGAMOE_BINARY OUT_DIR
+# The grouped GEMM's GPU session, one run of at most ~240 s: the GEMM selftest (every
+# configuration against the CPU reference, compiled into a fresh JIT cache so compile time
+# counts), the benchmark table (flash L1/L2 at 192/512/1024 rows per expert with four arms
+# interleaved on the same operands: single CTAs (v3), 2-CTA clusters, A from registers (v5) and
+# both; 32 rows contiguous and masked with the heuristic's kernel), then one Nsight Compute
+# profile of the v3 kernel at L1 512 rows, and the short table last. SM clock and power are
+# logged every 200 ms meanwhile and summarised per phase. Every step has its own timeout, so
+# the tables come back even if a later step fails.
+# usage: scripts/gemm_gpu_session.sh MEGAMOE_BINARY OUT_DIR
 set -u
 bin=$(realpath "$1")
 out=$2
-here=$(dirname "$(realpath "$0")")
 mkdir -p "$out"
-export PYTHONUNBUFFERED=1
+export MEGAMOE_JIT_CACHE_DIR
+MEGAMOE_JIT_CACHE_DIR=$(mktemp -d)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit --format=csv,noheader
 nvidia-smi -i 0 --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu \
   --format=csv,noheader -lms 200 > "$out/clocks.csv" 2>&1 &
@@ -19,30 +22,45 @@ nvidia-smi -i 0 --query-gpu=timestamp,power.draw,clocks_event_reasons.active \
   --format=csv,noheader -lms 200 > "$out/reasons.csv" 2>&1 &
 reasons=$!
 stamp() { echo "$(date +%H:%M:%S.%N | cut -c1-12) $*" >> "$out/phases.txt"; }
-rm -f "$out/results.jsonl"
+rm -f "$out/results.jsonl" "$out/phases.txt"
+start=$SECONDS
+
 stamp selftest
-timeout 150 "$bin" selftest > "$out/selftest.txt" 2>&1
-echo "selftest: $(grep -c '^PASS' "$out/selftest.txt") passed, $(grep -c '^FAIL' "$out/selftest.txt") failed"
+timeout 75 "$bin" selftest --only gemm > "$out/selftest.txt" 2>&1
+echo "selftest (gemm, fresh JIT cache, $((SECONDS - start)) s): $(grep -c '^PASS' "$out/selftest.txt") passed," \
+  "$(grep -c '^FAIL' "$out/selftest.txt") failed"
 grep -E '^FAIL|error' "$out/selftest.txt"
+
 for shape in l1 l2; do
   stamp "bench $shape"
-  timeout 40 "$bin" bench gemm --shape "$shape" --rows-per-expert 32 --pad 64 \
-    --json-out "$out/results.jsonl" 2>&1 | tee -a "$out/bench.txt"
-  timeout 100 "$bin" bench gemm --shape "$shape" --rows-per-expert 192,512,1024 --pad 128 \
-    --cluster-m 1,2 --json-out "$out/results.jsonl" 2>&1 | grep -E '^\| L|error' | tee -a "$out/bench.txt"
-  stamp "masked $shape"
-  timeout 40 "$bin" bench gemm --shape "$shape" --layout masked --rows-per-expert 32 \
-    --json-out "$out/results.jsonl" 2>&1 | grep -E '^\| L|error' | tee -a "$out/bench.txt"
-done
-for c in 1 2; do
-  stamp "sustained c$c"
-  timeout 40 "$bin" bench gemm --shape l1 --rows-per-expert 1024 --pad 128 --cluster-m $c --iters 1000 2>&1 \
-    | grep -E '^\| L|error' | sed "s/^/1000 iterations /" | tee -a "$out/bench_sustained.txt"
+  timeout 45 "$bin" bench gemm --shape "$shape" --rows-per-expert 192,512,1024 --pad 128 \
+    --cluster-m 1,2 --a-regs false,true --json-out "$out/results.jsonl" 2>&1 \
+    | grep -E '^\| L|rror' | tee -a "$out/bench.txt"
+  stamp "small $shape"
+  timeout 15 "$bin" bench gemm --shape "$shape" --rows-per-expert 32 --pad 64 \
+    --json-out "$out/results.jsonl" 2>&1 | grep -E '^\| L|rror' | tee -a "$out/bench.txt"
+  timeout 15 "$bin" bench gemm --shape "$shape" --layout masked --rows-per-expert 32 \
+    --json-out "$out/results.jsonl" 2>&1 | grep -E '^\| L|rror' | tee -a "$out/bench.txt"
 done
 stamp done
 kill "$clocks" "$reasons"
+echo "tables done at $((SECONDS - start)) s"
+
+# Nsight Compute: the first launch of the v3 kernel at L1 512 rows (its correctness launch),
+# without clock locking (the clocks the benchmark runs at).
+ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+if [ -n "$ncu" ]; then
+  timeout 60 "$ncu" --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    --section WarpStateStats --section SchedulerStats -k regex:grouped_gemm -c 1 \
+    "$bin" bench gemm --shape l1 --rows-per-expert 512 --pad 128 --iters 1 \
+    > "$out/ncu_l1_512_v3.txt" 2>&1
+  echo "ncu: exit $?, $(wc -l < "$out/ncu_l1_512_v3.txt") lines in ncu_l1_512_v3.txt ($((SECONDS - start)) s)"
+else
+  echo "ncu: not found"
+fi
+
 python3 - "$out" <<'PY'
-import sys, collections
+import sys, json, collections
 out = sys.argv[1]
 phases = [l.split(" ", 1) for l in open(f"{out}/phases.txt")]
 clk = []
@@ -54,25 +72,32 @@ for l in open(f"{out}/clocks.csv"):
         pass
 for i, (t0, name) in enumerate(phases[:-1]):
     t1 = phases[i + 1][0]
-    s = [c for c in clk if t0 <= c[0] < t1]
-    s = [c for c in s if c[2] > 250]  # samples while a kernel runs
+    s = [c for c in clk if t0 <= c[0] < t1 and c[2] > 250]  # samples while a kernel runs
     if s:
         mhz = sorted(c[1] for c in s)
         w = sorted(c[2] for c in s)
-        temp = max(c[3] for c in s)
-        print(f"clocks {name.strip():12} {len(s):4} busy samples, SM MHz min/median/max {mhz[0]}/{mhz[len(mhz)//2]}/{mhz[-1]}"
-              f"  W median/max {w[len(w)//2]:.0f}/{w[-1]:.0f}  max temp {temp}")
-busy_reasons = collections.Counter()
+        print(f"clocks {name.strip():10} {len(s):4} busy samples, SM MHz min/median/max "
+              f"{mhz[0]}/{mhz[len(mhz)//2]}/{mhz[-1]}  W median/max {w[len(w)//2]:.0f}/{w[-1]:.0f}")
+busy = collections.Counter()
 for l in open(f"{out}/reasons.csv"):
     f = [x.strip() for x in l.split(",")]
     try:
         if float(f[1].split()[0]) > 250:
-            busy_reasons[f[2]] += 1
+            busy[f[2]] += 1
     except (IndexError, ValueError):
         pass
-print("clock event reasons while busy:", dict(busy_reasons) or open(f"{out}/reasons.csv").read()[:200])
+print("clock event reasons while busy:", dict(busy))
+try:
+    rows = [json.loads(l) for l in open(f"{out}/results.jsonl")]
+except FileNotFoundError:
+    rows = []
+arm = lambda r: ("c2" if r["cluster_m"] == 2 else "v3") + ("+areg" if r.get("a_regs") else "")
+base = {(r["shape"], r["layout"], r["rows_per_expert"]): r["us"] for r in rows if arm(r) == "v3"}
+print("\n| shape | layout | rows | arm | µs | TFLOP/s | vs v3 | DeepGEMM µs |")
+print("|---|---|---|---|---|---|---|---|")
+for r in rows:
+    b = base.get((r["shape"], r["layout"], r["rows_per_expert"]))
+    rel = f"{100 * (r['us'] / b - 1):+.1f} %" if b and arm(r) != "v3" else ""
+    print(f"| {r['shape']} | {r['layout']} | {r['rows_per_expert']} | {arm(r)} | {r['us']:.1f} | "
+          f"{r['tflops']:.0f} | {rel} | {r['deepgemm_us']} |")
 PY
-# torch's times do not depend on this crate: NO_TORCH=1 skips them (same seeds, same draws).
-if [ -z "${NO_TORCH:-}" ]; then
-  timeout 100 python3 "$here/bench_gemm_torch.py" "$out/results.jsonl" 2>&1 | tee "$out/torch.txt"
-fi

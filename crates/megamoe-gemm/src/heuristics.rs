@@ -6,7 +6,8 @@
 //! 128 x 128 when N is not a multiple of 256; and 64 x 256 (warpgroups split the columns) when
 //! experts hold few rows, where a 128-row block would mostly multiply padding. Stages fill the
 //! shared memory; the grid is one CTA per SM. The 128 x 256 tile also exists on clusters of two
-//! CTAs that multicast the weight tile (`cluster_m`, a benchmark knob, not chosen here).
+//! CTAs that multicast the weight tile (`cluster_m`) and with the wgmma A operand from registers
+//! (`a_regs`), benchmark knobs not chosen here.
 
 use crate::error::GemmError;
 
@@ -336,6 +337,26 @@ mod tests {
         odd.n = 768;
         assert!(with_cluster(choose(&odd, 132).unwrap(), &odd, 2).is_none());
         assert!(with_cluster(c, &p, 4).is_none());
+    }
+
+    #[test]
+    fn a_from_registers_exists_only_for_the_128_by_256_tile() {
+        let p = problem(512, Layout::Contiguous { pad: 128 }, 128);
+        let c = choose(&p, 132).unwrap();
+        assert!(!c.a_regs);
+        let v5 = with_a_regs(c, true).unwrap();
+        assert!(v5.a_regs && v5.kernel_name().ends_with("_tma_areg"));
+        let both = with_a_regs(with_cluster(c, &p, 2).unwrap(), true).unwrap();
+        assert!(both.kernel_name().ends_with("_c2_areg"));
+        let small = choose(&problem(32, Layout::Contiguous { pad: 64 }, 128), 132).unwrap();
+        assert!(with_a_regs(small, true).is_none());
+        assert_eq!(with_a_regs(small, false), Some(small));
+        let configs = all_configs(132);
+        assert_eq!(configs.iter().filter(|c| c.a_regs).count(), 20);
+        assert!(configs
+            .iter()
+            .filter(|c| c.a_regs)
+            .all(|c| (c.block_m, c.block_n) == (128, 256)));
     }
 
     #[test]

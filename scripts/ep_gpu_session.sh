@@ -4,8 +4,8 @@
 # tokens), then `bench dispatch` at flash 4096 tokens/rank BF16 (16, 24, 32 SMs) and FP8 (24 SMs)
 # and at 512 tokens/rank BF16 (24 SMs). Logs go to OUT_DIR; a short table comes last, with the
 # metadata phase (dispatch_with_permute minus the cached replay, BF16 only), v3's numbers and
-# the v4 prediction of docs/PERF.md beside each measurement. Each step has its own timeout; the
-# whole session takes about a minute, JIT compilation on a fresh machine included.
+# the v4 prediction of docs/PERF.md beside each measurement. Each step has its own timeout (two
+# minutes in all at worst); expected about a minute, JIT compilation on a fresh machine included.
 # usage: scripts/ep_gpu_session.sh MEGAMOE_BINARY OUT_DIR
 set -u
 bin=$(realpath "$1")
@@ -13,6 +13,7 @@ out=$2
 mkdir -p "$out"
 # An empty JIT cache: compiling the kernels is part of the session, as on a fresh machine.
 export MEGAMOE_JIT_CACHE_DIR=$(mktemp -d)
+trap 'rm -rf "$MEGAMOE_JIT_CACHE_DIR"' EXIT
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit --format=csv,noheader
 start=$(date +%s)
 step() {  # step NAME TIMEOUT_S ARGS...
@@ -24,14 +25,14 @@ step() {  # step NAME TIMEOUT_S ARGS...
   printf '%-12s rc=%-3s %6d ms  megamoe %s\n' "$name" "$rc" $(( ($(date +%s%N) - t0) / 1000000 )) "$*" \
     | tee -a "$out/steps.txt"
 }
-step selftest 75 selftest --only ep.
+step selftest 60 selftest --only ep.
 grep -E '^(PASS|FAIL)|checks passed' "$out/selftest.txt"
-step bf16_t4096 20 bench dispatch --preset flash --tokens 4096 --dtype bf16 --sms 16,24,32
-step fp8_t4096 12 bench dispatch --preset flash --tokens 4096 --dtype fp8 --sms 24
-step bf16_t512 12 bench dispatch --preset flash --tokens 512 --dtype bf16 --sms 24
+step bf16_t4096 30 bench dispatch --preset flash --tokens 4096 --dtype bf16 --sms 16,24,32
+step fp8_t4096 15 bench dispatch --preset flash --tokens 4096 --dtype fp8 --sms 24
+step bf16_t512 15 bench dispatch --preset flash --tokens 512 --dtype bf16 --sms 24
 echo "session: $(( $(date +%s) - start )) s"
 python3 - "$out" <<'PY'
-import re, sys
+import sys
 out = sys.argv[1]
 # v3 (docs/PERF.md, run 3) and the v4 prediction: dispatch_with_permute µs, dispatch alone µs;
 # v3's metadata phase (dispatch_with_permute minus the cached replay), µs.
@@ -64,10 +65,11 @@ for name in ["bf16_t4096", "fp8_t4096", "bf16_t512"]:
     for sms, r in sorted(rows.items()):
         key = (name, sms)
         (v3d, v3a), (pd, pa) = v3.get(key, ("?", "?")), pred.get(key, ("?", "?"))
-        meta = "–"
+        meta, v3m = "–", v3meta.get(key, "–")
         if name.startswith("bf16") and "dwp" in r and "cached" in r:
             meta = f"{float(r['dwp']) - float(r['cached']):.1f}"
-        print(f"| {name} | {sms} | {r.get('dwp', '?')} ({v3d} / {pd}) | {meta} ({v3meta.get(key, "–")}) | "
+        print(f"| {name} | {sms} | {r.get('dwp', '?')} ({v3d} / {pd}) | {meta} ({v3m}) | "
               f"{r.get('alone', '?')} ({v3a} / {pa}) | {r.get('cached', '?')} | {r.get('combine', '?')} | "
               f"{r.get('nccl_ratio', '?')} |")
 PY
+echo "selftest (ep checks): $(grep -c '^PASS' "$out/selftest.txt") passed, $(grep -c '^FAIL' "$out/selftest.txt") failed"

@@ -108,12 +108,13 @@ __device__ __forceinline__ void rank_tile(const int* tile_e, int* tile_rank, int
 }
 
 // Step 1: a counting sort of this rank's slots over the grid. Block b owns tokens
-// [b·per, (b+1)·per) (per = ⌈T / blocks⌉). It histograms every slot below its tokens (all
+// [b·per, (b+1)·per) (per = ⌈T / blocks⌉). It histograms every slot below its tokens (16-byte
 // loads in flight, shared atomics; warps 1…15) while warp 0 ranks its own slots stably; a
 // slot's index inside its expert's run is then histogram + rank. Each token's meta row is
 // idx[K], pos[K], prob bits[K]; invalid slots are reported as before. The last block sees every
 // slot (below its tokens or in them): it pushes this rank's per-expert counts and T to every
-// rank. Each block walks T·K / blocks slots itself, against T·K per warp in a per-expert scan.
+// rank. Serially, a block walks only its own T·K / blocks slots; the one pass over all T·K
+// slots (the last block's histogram) keeps its loads in flight.
 __device__ void dispatch_meta(const DispatchParams& p, u64 epoch) {
     const Layout& l = p.l;
     const int K = l.topk, E = l.experts, T = p.tokens, G = gridDim.x, b = blockIdx.x;

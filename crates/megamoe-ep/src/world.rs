@@ -508,6 +508,11 @@ impl EpWorld {
                 mode,
                 ..Default::default()
             };
+            debug_assert_eq!(
+                p.topk_idx % 16,
+                0,
+                "the kernel reads topk_idx 16 bytes at a time"
+            );
             let config = self
                 .launch_config()
                 .with_dynamic_smem(params::DISPATCH_DYNAMIC_SMEM);

@@ -46,7 +46,7 @@ struct Layout {
 
 struct DispatchParams {
     Layout l;
-    u64 topk_idx;  // [T, K] i32, this rank's routing (full mode)
+    u64 topk_idx;  // [T, K] i32, this rank's routing (full mode), 16-byte aligned
     u64 probs;     // [T, K] f32 (full mode)
     int tokens, pad_multiple, row_bytes, scales_per_row, row_bound, mode, _pad0, _pad1;
 };

@@ -5,7 +5,7 @@
 // Full mode, per rank:
 //   1. meta: validate topk_idx, write (idx, pos, prob) of every local slot into the local meta
 //      region, where pos is the token's index among this rank's tokens routed to that expert
-//      (a stable per-expert scan); push this rank's per-expert counts and T to every rank.
+//      (a counting sort over the grid); push this rank's per-expert counts and T to every rank.
 //   2. raise kDispatchReady everywhere; wait for it from every rank.
 //   3. layout: from the count matrix every block derives segment bases and source prefixes
 //      (the layout of megamoe-core's PermutePlan), checks every rank's validation status and
@@ -51,6 +51,10 @@ __device__ __forceinline__ int* meta_of(const Layout& l, int rank) {
 __device__ __forceinline__ int* count_rows(const Layout& l) {
     return reinterpret_cast<int*>(comm::buf(l, l.rank) + l.off_counts);
 }
+// This rank's row (its per-expert counts, then its T) in rank d's count matrix.
+__device__ __forceinline__ int* count_row_on(const Layout& l, int d) {
+    return reinterpret_cast<int*>(comm::buf(l, d) + l.off_counts) + l.rank * (kMaxExperts + 1);
+}
 __device__ __forceinline__ int* handle_i32(const Layout& l, u64 off) {
     return reinterpret_cast<int*>(l.handle + off);
 }
@@ -60,79 +64,151 @@ extern __shared__ __align__(128) char dispatch_smem[];
 __device__ __forceinline__ char* warp_chunks() { return dispatch_smem + (threadIdx.x >> 5) * 2 * kChunkBytes; }
 __device__ __forceinline__ char* zero_chunk() { return dispatch_smem + 2 * kWarps * kChunkBytes; }
 
-// Step 1. Meta row of token t: idx[K], pos[K], prob bits[K].
-__device__ void dispatch_meta(const DispatchParams& p, u64 epoch) {
-    const Layout& l = p.l;
-    const int K = l.topk, E = l.experts, T = p.tokens;
-    const int* idx = reinterpret_cast<const int*>(p.topk_idx);
-    const float* probs = reinterpret_cast<const float*>(p.probs);
-    int* meta = meta_of(l, l.rank);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-
-    // Validation and the idx/prob copy: thread per token. The first bad slot (lowest t*K+k) of a
-    // rank is reported on every rank through an epoch-tagged atomicMax.
-    for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < T; t += gridDim.x * blockDim.x) {
-        int bad = -1;
-        for (int k = 0; k < K; ++k) {
-            int e = idx[t * K + k];
-            meta[t * 3 * K + k] = e;
-            meta[t * 3 * K + 2 * K + k] = __float_as_int(probs[t * K + k]);
-            if (bad < 0 && (e < -1 || e >= E)) bad = (t * K + k) << 1;
-            for (int j = 0; j < k && bad < 0 && e >= 0; ++j)
-                if (idx[t * K + j] == e) bad = ((t * K + k) << 1) | 1;
-        }
-        if (bad >= 0) {
-            u64 tag = (epoch << 32) | (0xffffffffu - u32(bad));
-            for (int d = 0; d < l.ranks; ++d)
-                atomicMax(reinterpret_cast<unsigned long long*>(comm::buf(l, d) + l.off_status) + l.rank, tag);
-        }
-    }
-
-    // Stable per-expert scan: warp per expert over tiles of topk_idx in shared memory. The tiles
-    // use the row chunks' memory (idle until the rows move): 4096 tokens of top-6 in one tile.
-    int* tile = reinterpret_cast<int*>(dispatch_smem);
-    const int tile_tokens = kDispatchDynamicSmem / (4 * K);
-    const int nwarps = gridDim.x * kWarps, gw = blockIdx.x * kWarps + warp;
-    const int rounds = (E + nwarps - 1) / nwarps;
-    for (int r = 0; r < rounds; ++r) {
-        const int e = r * nwarps + gw;
-        int running = 0;
-        for (int t0 = 0; t0 < T; t0 += tile_tokens) {
-            const int n = min(tile_tokens, T - t0);
-            __syncthreads();
-            for (int i = threadIdx.x; i < n * K; i += blockDim.x) tile[i] = idx[t0 * K + i];
-            __syncthreads();
-            if (e >= E) continue;
-            for (int tt = 0; tt < n; tt += 32) {
-                const int t = tt + lane;
-                int hit = -1;
-                if (t < n)
-                    for (int k = 0; k < K; ++k)
-                        if (tile[t * K + k] == e) hit = k;
-                const u32 mask = __ballot_sync(0xffffffffu, hit >= 0);
-                if (hit >= 0) meta[(t0 + t) * 3 * K + K + hit] = running + __popc(mask & megamoe::lanemask_lt());
-                running += __popc(mask);
-            }
-        }
-        if (e < E && lane < l.ranks) {
-            int* row = reinterpret_cast<int*>(comm::buf(l, lane) + l.off_counts) + l.rank * (kMaxExperts + 1);
-            row[e] = running;
-        }
-    }
-    if (blockIdx.x == 0 && threadIdx.x < l.ranks) {
-        int* row = reinterpret_cast<int*>(comm::buf(l, threadIdx.x) + l.off_counts) + l.rank * (kMaxExperts + 1);
-        row[kMaxExperts] = T;
+// Keeps kLoadBatch loads in flight per thread: use(i, load(i)) for i = begin, begin + step, …
+// below end. A plain loop waits for each load before the next, since the load cannot pass the
+// previous iteration's stores; here every batch's loads are issued before any of its stores.
+constexpr int kLoadBatch = 8;
+template <class Load, class Use>
+__device__ __forceinline__ void for_each_loaded(int begin, int end, int step, Load load, Use use) {
+    using V = decltype(load(begin));
+    for (int i0 = begin; i0 < end; i0 += kLoadBatch * step) {
+        V v[kLoadBatch];
+#pragma unroll
+        for (int u = 0; u < kLoadBatch; ++u)
+            if (i0 + u * step < end) v[u] = load(i0 + u * step);
+#pragma unroll
+        for (int u = 0; u < kLoadBatch; ++u)
+            if (i0 + u * step < end) use(i0 + u * step, v[u]);
     }
 }
 
-// Step 3: the layout of megamoe-core's plan_permute, from the exchanged count matrix. Warp d
+// Step 1 works in the dynamic shared memory (the row chunks are idle until step 4): the block's
+// per-expert histogram of the slots below its tokens, its per-expert running count, and tiles
+// of its own slots (expert, rank inside the block).
+constexpr int kMetaTileSlots = (kDispatchDynamicSmem - 2 * kMaxExperts * 4) / 8;
+static_assert(kMetaTileSlots >= 32 * kMaxTopk, "a meta tile holds at least a warp's tokens");
+
+// Step 1, one tile: warp 0 ranks the tile's slots in order (slot order is token order, and a
+// token names an expert at most once): a slot's rank is the count of earlier slots of the block
+// with the same expert. Slots of one 32-slot step that share an expert find each other with
+// match.any; the lowest of them advances the expert's running count.
+__device__ __forceinline__ void rank_tile(const int* tile_e, int* tile_rank, int n, int* running, int E) {
+    const int lane = threadIdx.x & 31;
+    for (int i0 = 0; i0 < n; i0 += 32) {
+        const int i = i0 + lane;
+        const int e = i < n ? tile_e[i] : -1;
+        const bool valid = e >= 0 && e < E;
+        const u32 same = __match_any_sync(0xffffffffu, valid ? e : -1);
+        const u32 before = same & megamoe::lanemask_lt();
+        if (valid) tile_rank[i] = running[e] + __popc(before);
+        __syncwarp();
+        if (valid && before == 0) running[e] += __popc(same);
+        __syncwarp();
+    }
+}
+
+// Step 1: a counting sort of this rank's slots over the grid. Block b owns tokens
+// [b·per, (b+1)·per) (per = ⌈T / blocks⌉). It histograms every slot below its tokens (16-byte
+// loads in flight, shared atomics; warps 1…15) while warp 0 ranks its own slots stably; a
+// slot's index inside its expert's run is then histogram + rank. Each token's meta row is
+// idx[K], pos[K], prob bits[K]; invalid slots are reported as before. The last block sees every
+// slot (below its tokens or in them): it pushes this rank's per-expert counts and T to every
+// rank. Serially, a block walks only its own T·K / blocks slots; the one pass over all T·K
+// slots (the last block's histogram) keeps its loads in flight.
+__device__ void dispatch_meta(const DispatchParams& p, u64 epoch) {
+    const Layout& l = p.l;
+    const int K = l.topk, E = l.experts, T = p.tokens, G = gridDim.x, b = blockIdx.x;
+    const int* idx = reinterpret_cast<const int*>(p.topk_idx);
+    const float* probs = reinterpret_cast<const float*>(p.probs);
+    int* meta = meta_of(l, l.rank);
+    const int warp = threadIdx.x >> 5;
+
+    const int per = (T + G - 1) / G;
+    const int t0 = min(T, b * per), t1 = min(T, t0 + per);
+    const bool counts_here = b == G - 1;  // its tokens end at T: every slot is below or in them
+    if (t0 == t1 && !counts_here) return;
+
+    int* below = reinterpret_cast<int*>(dispatch_smem);
+    int* running = below + kMaxExperts;
+    int* tile_e = running + kMaxExperts;
+    int* tile_rank = tile_e + kMetaTileSlots;
+    const int tile_slots = kMetaTileSlots / K * K;  // whole tokens per tile
+    for (int e = threadIdx.x; e < E; e += blockDim.x) below[e] = running[e] = 0;
+
+    const int first = t0 * K, last = t1 * K;
+    int base = first;
+    do {
+        const int n = min(tile_slots, last - base);
+        __syncthreads();  // the counters are zero, the previous tile is written out
+        for_each_loaded(threadIdx.x, n, blockDim.x, [&](int i) { return __ldg(idx + base + i); },
+                        [&](int i, int e) { tile_e[i] = e; });
+        __syncthreads();
+        if (warp == 0) {
+            rank_tile(tile_e, tile_rank, n, running, E);
+        } else if (base == first) {  // four slots per 16-byte load (topk_idx is 256-byte aligned)
+            auto count = [&](int e) {
+                if (e >= 0 && e < E) atomicAdd(&below[e], 1);
+            };
+            const int h = threadIdx.x - 32, hs = blockDim.x - 32;
+            for_each_loaded(h, first / 4, hs, [&](int i) { return __ldg(reinterpret_cast<const int4*>(idx) + i); },
+                            [&](int, int4 v) {
+                                count(v.x);
+                                count(v.y);
+                                count(v.z);
+                                count(v.w);
+                            });
+            if (h < first % 4) count(__ldg(idx + first / 4 * 4 + h));
+        }
+        __syncthreads();
+        for_each_loaded(threadIdx.x, n, blockDim.x, [&](int i) { return __ldg(probs + base + i); },
+                        [&](int i, float prob) {
+                            const int slot = base + i, t = slot / K, k = slot - t * K;
+                            const int e = tile_e[i];
+                            const bool valid = e >= 0 && e < E;
+                            int* row = meta + size_t(t) * 3 * K;
+                            row[k] = e;
+                            row[K + k] = valid ? below[e] + tile_rank[i] : 0;
+                            row[2 * K + k] = __float_as_int(prob);
+                            // The first bad slot (lowest t·K + k) of a rank is reported on every
+                            // rank through an epoch-tagged atomicMax; range before duplicate.
+                            int bad = valid || e == -1 ? -1 : slot << 1;
+                            for (int j = 0; j < k && bad < 0 && valid; ++j)
+                                if (tile_e[i - k + j] == e) bad = (slot << 1) | 1;
+                            if (bad >= 0) {
+                                const u64 tag = (epoch << 32) | (0xffffffffu - u32(bad));
+                                for (int d = 0; d < l.ranks; ++d)
+                                    atomicMax(reinterpret_cast<unsigned long long*>(comm::buf(l, d) + l.off_status) + l.rank,
+                                              tag);
+                            }
+                        });
+        base += n;
+    } while (base < last);
+
+    if (counts_here) {  // the histogram and the running counts are final since the last tile's ranking
+        for (int e = threadIdx.x; e < E; e += blockDim.x)
+            for (int d = 0; d < l.ranks; ++d) count_row_on(l, d)[e] = below[e] + running[e];
+        if (threadIdx.x < l.ranks) count_row_on(l, threadIdx.x)[kMaxExperts] = T;
+    }
+}
+
+// Step 3: the layout of megamoe-core's plan_permute, from the exchanged count matrix. The
+// matrix (with every rank's T) is first copied into shared memory in one pass; then warp d
 // scans owner d's experts (32 at a time).
 __device__ void dispatch_layout(const DispatchParams& p, DispatchShared& s, u64 epoch) {
     const Layout& l = p.l;
     const int R = l.ranks, E = l.experts, El = E / R, me = l.rank;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int* counts = count_rows(l);
-    const int stride = kMaxExperts + 1;
+    const int row = E + 1;  // E counts, then T
+    int* counts = reinterpret_cast<int*>(dispatch_smem);
+    for_each_loaded(
+        threadIdx.x, R * row, blockDim.x,
+        [&](int i) {
+            const int src = i / row, j = i - src * row;
+            return count_rows(l)[src * (kMaxExperts + 1) + (j == E ? kMaxExperts : j)];
+        },
+        [&](int i, int c) { counts[i] = c; });
+    __syncthreads();
+    if (threadIdx.x < R) s.tokens[threadIdx.x] = counts[threadIdx.x * row + E];
     if (warp < R) {
         const int d = warp;
         int carry = 0;
@@ -141,7 +217,7 @@ __device__ void dispatch_layout(const DispatchParams& p, DispatchShared& s, u64 
             int total = 0, below = 0;
             if (j < El)
                 for (int src = 0; src < R; ++src) {
-                    const int c = counts[src * stride + e];
+                    const int c = counts[src * row + e];
                     if (src < me) below += c;
                     total += c;
                 }
@@ -161,7 +237,7 @@ __device__ void dispatch_layout(const DispatchParams& p, DispatchShared& s, u64 
                     int run = base;
                     for (int src = 0; src < R; ++src) {
                         s.recv_base[src * El + j] = run;
-                        run += counts[src * stride + e];
+                        run += counts[src * row + e];
                     }
                 }
             }
@@ -169,19 +245,18 @@ __device__ void dispatch_layout(const DispatchParams& p, DispatchShared& s, u64 
         }
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        s.skip = 0;
-        for (int src = 0; src < R && !s.skip; ++src) {
-            const u64 st = reinterpret_cast<volatile u64*>(comm::buf(l, me) + l.off_status)[src];
-            if ((st >> 32) == epoch) {
+    // Any rank's rejected routing (the first in rank order is recorded), else the row bound.
+    if (warp == 0) {
+        const u64 st = lane < R ? reinterpret_cast<volatile u64*>(comm::buf(l, me) + l.off_status)[lane] : 0;
+        const u32 bad = __ballot_sync(0xffffffffu, lane < R && (st >> 32) == epoch);
+        if (bad && blockIdx.x == 0 && lane == __ffs(bad) - 1) comm::record_error(l, kBadTopk, 0xffffffffu - u32(st), lane, 0, 0);
+        if (lane == 0) {
+            s.skip = bad != 0;
+            const int rows = El ? s.seg_base[El - 1] + s.padded[El - 1] : 0;
+            if (!s.skip && rows > p.row_bound) {
                 s.skip = 1;
-                if (blockIdx.x == 0) comm::record_error(l, kBadTopk, (0xffffffffu - u32(st)), src, 0, 0);
+                if (blockIdx.x == 0) comm::record_error(l, kOverflow, 0, me, rows, p.row_bound);
             }
-        }
-        const int rows = El ? s.seg_base[El - 1] + s.padded[El - 1] : 0;
-        if (!s.skip && rows > p.row_bound) {
-            s.skip = 1;
-            if (blockIdx.x == 0) comm::record_error(l, kOverflow, 0, me, rows, p.row_bound);
         }
     }
     __syncthreads();
@@ -196,17 +271,21 @@ __device__ __forceinline__ void record_handle(const DispatchParams& p, DispatchS
             handle_i32(l, l.h_counts)[j] = s.count[j];
             handle_i32(l, l.h_seg_base)[j] = s.seg_base[j];
         }
-        if (threadIdx.x < R) handle_i32(l, l.h_src_tokens)[threadIdx.x] = count_rows(l)[threadIdx.x * (kMaxExperts + 1) + kMaxExperts];
+        if (threadIdx.x < R) handle_i32(l, l.h_src_tokens)[threadIdx.x] = s.tokens[threadIdx.x];
         if (threadIdx.x == 0) *handle_i32(l, l.h_total_rows) = El ? s.seg_base[El - 1] + s.padded[El - 1] : 0;
     }
     // This rank's own slots: where each one's row lives on its owner (for combine).
     const int* meta = meta_of(l, l.rank);
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < p.tokens * K; i += gridDim.x * blockDim.x) {
-        const int t = i / K, k = i % K;
-        const int e = meta[t * 3 * K + k];
-        handle_i32(l, l.h_idx)[i] = e;
-        handle_i32(l, l.h_send_row)[i] = e < 0 ? -1 : s.send_base[e] + meta[t * 3 * K + K + k];
-    }
+    for_each_loaded(
+        blockIdx.x * blockDim.x + threadIdx.x, p.tokens * K, gridDim.x * blockDim.x,
+        [&](int i) {
+            const int t = i / K, k = i - t * K;
+            return make_int2(meta[t * 3 * K + k], meta[t * 3 * K + K + k]);
+        },
+        [&](int i, int2 m) {
+            handle_i32(l, l.h_idx)[i] = m.x;
+            handle_i32(l, l.h_send_row)[i] = m.x < 0 ? -1 : s.send_base[m.x] + m.y;
+        });
 }
 
 // Step 4, padding: rows past each local expert's tokens are zero, with prob 0 and scales 0.
@@ -373,11 +452,9 @@ __device__ void dispatch_kernel(const DispatchParams& p) {
             s.count[j] = handle_i32(l, l.h_counts)[j];
             s.padded[j] = handle_i32(l, l.h_padded)[j];
         }
+        if (threadIdx.x < l.ranks) s.tokens[threadIdx.x] = handle_i32(l, l.h_src_tokens)[threadIdx.x];
         if (threadIdx.x == 0) s.skip = 0;
     }
-    if (threadIdx.x < l.ranks)
-        s.tokens[threadIdx.x] = fresh ? count_rows(l)[threadIdx.x * (kMaxExperts + 1) + kMaxExperts]
-                                      : handle_i32(l, l.h_src_tokens)[threadIdx.x];
     __syncthreads();
     if (!s.skip) {
         if (p.mode != kUnpermuted) zero_padding(p, s);

@@ -38,22 +38,28 @@ pub struct WeightGen {
     pub seed: u64,
 }
 
-/// One expert's weights in f32 (the unquantized originals).
+/// One expert's two matrices, W1 `[2I, H]` and W2 `[H, I]`, in some representation.
 #[derive(Clone, Debug, PartialEq)]
-pub struct ExpertF32 {
-    /// `[2I, H]`.
-    pub w1: Vec<f32>,
-    /// `[H, I]`.
-    pub w2: Vec<f32>,
+pub struct Expert<M> {
+    pub w1: M,
+    pub w2: M,
 }
 
-/// One expert's weights quantized per 128×128 block.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ExpertFp8 {
-    /// `[2I, H]` with scales `[2I/128, H/128]`.
-    pub w1: QuantBlocks,
-    /// `[H, I]` with scales `[H/128, I/128]`.
-    pub w2: QuantBlocks,
+/// One expert's weights in f32 (the unquantized originals).
+pub type ExpertF32 = Expert<Vec<f32>>;
+
+/// One expert's weights quantized per 128×128 block: scales `[2I/128, H/128]` for W1,
+/// `[H/128, I/128]` for W2.
+pub type ExpertFp8 = Expert<QuantBlocks>;
+
+impl<M> Expert<M> {
+    /// Both matrices, each made by `make(matrix)`.
+    fn from_fn(make: impl Fn(Matrix) -> M) -> Self {
+        Expert {
+            w1: make(Matrix::W1),
+            w2: make(Matrix::W2),
+        }
+    }
 }
 
 /// One rank's quantized weights in the SPEC §2 layouts.
@@ -200,21 +206,17 @@ impl WeightGen {
 
     /// One expert's unquantized weights.
     pub fn expert_f32(&self, expert: usize) -> ExpertF32 {
-        let full = |matrix| {
+        Expert::from_fn(|matrix| {
             let (rows, cols) = self.dims(matrix);
             let mut values = vec![0f32; rows * cols];
             self.fill_rows(expert, matrix, 0, &mut values);
             values
-        };
-        ExpertF32 {
-            w1: full(Matrix::W1),
-            w2: full(Matrix::W2),
-        }
+        })
     }
 
     /// One expert's quantized weights.
     pub fn expert_fp8(&self, expert: usize) -> ExpertFp8 {
-        let full = |matrix| {
+        Expert::from_fn(|matrix| {
             let (rows, cols) = self.dims(matrix);
             let mut strip = QuantBlocks::default();
             let mut all = QuantBlocks {
@@ -229,11 +231,7 @@ impl WeightGen {
                 all.scales.extend_from_slice(&strip.scales);
             }
             all
-        };
-        ExpertFp8 {
-            w1: full(Matrix::W1),
-            w2: full(Matrix::W2),
-        }
+        })
     }
 
     /// The quantized weights of the experts `rank` owns in a world of `ranks` ranks, generated in
@@ -313,47 +311,79 @@ pub(crate) fn encode_strip<S, T, E>(
     T: Copy + Default,
     E: Fn(f32) -> T,
 {
-    let cols = weights.dims(matrix).1;
+    let fill = |first_col: usize, block: &mut [f32]| {
+        weights.fill_block(expert, matrix, first_row, first_col, WEIGHT_BLOCK, block)
+    };
+    encode_blocks(weights.dims(matrix).1, fill, encode, values, scales)
+}
+
+/// [`encode_strip`] of a strip already generated in f32 (`[128, K]`, row-major): the same bits.
+pub(crate) fn encode_f32_strip<T, E>(
+    strip: &[f32],
+    encode: E,
+    values: &mut Vec<T>,
+    scales: &mut Vec<f32>,
+) where
+    T: Copy + Default,
+    E: Fn(f32) -> T,
+{
+    let cols = strip.len() / WEIGHT_BLOCK;
+    let fill = |first_col: usize, block: &mut [f32]| {
+        for (dst, src) in block
+            .chunks_exact_mut(WEIGHT_BLOCK)
+            .zip(strip.chunks_exact(cols))
+        {
+            dst.copy_from_slice(&src[first_col..][..WEIGHT_BLOCK]);
+        }
+    };
+    encode_blocks(cols, fill, encode, values, scales)
+}
+
+/// Encodes a strip of 128 rows × `cols` one 128×128 block at a time (so that the block stays
+/// in cache), `fill(first_col, block)` writing each block's f32 values.
+fn encode_blocks<F, T, E>(
+    cols: usize,
+    fill: F,
+    encode: E,
+    values: &mut Vec<T>,
+    scales: &mut Vec<f32>,
+) where
+    F: Fn(usize, &mut [f32]),
+    T: Copy + Default,
+    E: Fn(f32) -> T,
+{
     values.resize(WEIGHT_BLOCK * cols, T::default());
     scales.resize(cols / WEIGHT_BLOCK, 0.0);
     #[cfg(target_arch = "x86_64")]
     if crate::simd::avx2_fma() {
         #[target_feature(enable = "avx2,fma")]
-        unsafe fn fast<S: WeightSource, T: Copy, E: Fn(f32) -> T>(
-            weights: &S,
-            at: (usize, Matrix, usize),
+        unsafe fn fast<F: Fn(usize, &mut [f32]), T: Copy, E: Fn(f32) -> T>(
+            cols: usize,
+            fill: F,
             encode: E,
             values: &mut [T],
             scales: &mut [f32],
         ) {
-            encode_strip_body(weights, at, encode, values, scales)
+            encode_blocks_body(cols, fill, encode, values, scales)
         }
         // SAFETY: the CPU has the features `fast` is compiled for.
-        return unsafe { fast(weights, (expert, matrix, first_row), encode, values, scales) };
+        return unsafe { fast(cols, fill, encode, values, scales) };
     }
-    encode_strip_body(weights, (expert, matrix, first_row), encode, values, scales)
+    encode_blocks_body(cols, fill, encode, values, scales)
 }
 
 #[inline(always)]
-fn encode_strip_body<S: WeightSource, T: Copy, E: Fn(f32) -> T>(
-    weights: &S,
-    (expert, matrix, first_row): (usize, Matrix, usize),
+fn encode_blocks_body<F: Fn(usize, &mut [f32]), T: Copy, E: Fn(f32) -> T>(
+    cols: usize,
+    fill: F,
     encode: E,
     values: &mut [T],
     scales: &mut [f32],
 ) {
-    let cols = weights.dims(matrix).1;
     let mut block = vec![0f32; WEIGHT_BLOCK * WEIGHT_BLOCK];
     for (b, scale) in scales.iter_mut().enumerate() {
         let first_col = b * WEIGHT_BLOCK;
-        weights.fill_block(
-            expert,
-            matrix,
-            first_row,
-            first_col,
-            WEIGHT_BLOCK,
-            &mut block,
-        );
+        fill(first_col, &mut block);
         *scale = scale_factor(amax(&block), INPUT_SCALE_FLOOR);
         let inverse = 1.0 / *scale;
         for (dst, src) in values
@@ -408,6 +438,18 @@ mod tests {
             q.w2,
             quantize_blocks(&f.w2, 256, 128, INPUT_SCALE_FLOOR).unwrap()
         );
+    }
+
+    #[test]
+    fn encoding_a_generated_f32_strip_gives_the_same_bits() {
+        let g = tiny();
+        let mut strip = vec![0f32; WEIGHT_BLOCK * 256];
+        g.fill_rows(1, Matrix::W1, 128, &mut strip);
+        let (mut codes, mut scales) = (Vec::new(), Vec::new());
+        encode_f32_strip(&strip, e4m3_from_f32, &mut codes, &mut scales);
+        let mut q = QuantBlocks::default();
+        quantized_strip(&g, 1, Matrix::W1, 128, &mut q);
+        assert_eq!((codes, scales), (q.codes, q.scales));
     }
 
     #[test]

@@ -232,10 +232,12 @@ fn through_disk_cache(
     spec: &KernelSpec,
     nvrtc: impl FnOnce() -> Result<(Vec<u8>, String)>,
 ) -> Result<(Vec<u8>, String, PtxasReport, bool)> {
-    let hit = disk.and_then(|dir| cache::load(dir, key)).and_then(|(cubin, log)| {
-        let report = ptxas::parse(&log, &spec.entry)?;
-        Some((cubin, log, report, true))
-    });
+    let hit = disk
+        .and_then(|dir| cache::load(dir, key))
+        .and_then(|(cubin, log)| {
+            let report = ptxas::parse(&log, &spec.entry)?;
+            Some((cubin, log, report, true))
+        });
     if let Some(hit) = hit {
         return Ok(hit);
     }
@@ -419,21 +421,28 @@ mod tests {
                 Ok((vec![1, 2, 3], REPORT.to_string()))
             })
             .unwrap();
-        assert_eq!((cubin, log.as_str(), report.registers, from_disk), (vec![1, 2, 3], REPORT, 8, false));
+        assert_eq!(
+            (cubin, log.as_str(), report.registers, from_disk),
+            (vec![1, 2, 3], REPORT, 8, false)
+        );
         // The replaced entry is a hit now: NVRTC is not called again.
         let (cubin, _, report, from_disk) =
             through_disk_cache(Some(dir.path()), "key", &spec("k"), || {
                 panic!("compiled although the cache holds a whole entry")
             })
             .unwrap();
-        assert_eq!((cubin, report.registers, from_disk), (vec![1, 2, 3], 8, true));
+        assert_eq!(
+            (cubin, report.registers, from_disk),
+            (vec![1, 2, 3], 8, true)
+        );
     }
 
     #[test]
     fn without_disk_cache_nothing_is_written() {
-        let (_, _, report, from_disk) =
-            through_disk_cache(None, "key", &spec("k"), || Ok((vec![1], REPORT.to_string())))
-                .unwrap();
+        let (_, _, report, from_disk) = through_disk_cache(None, "key", &spec("k"), || {
+            Ok((vec![1], REPORT.to_string()))
+        })
+        .unwrap();
         assert_eq!((report.registers, from_disk), (8, false));
     }
 

@@ -345,29 +345,14 @@ fn the_clamp_limits_gate_and_up() {
         group: 64,
         clamp: Some(0.5),
     };
-    let y = fused_layer(&world, &weights, &clamped, &no_progress).unwrap();
-    let free = fused_layer(
-        &world,
-        &weights,
-        &LayerOptions {
-            clamp: None,
-            ..clamped
-        },
-        &no_progress,
-    )
-    .unwrap();
+    let unclamped = LayerOptions {
+        clamp: None,
+        ..clamped
+    };
+    let (y, exact) = fused_layer_and_f64(&world, &weights, &clamped, &no_progress).unwrap();
+    let (free, exact_free) =
+        fused_layer_and_f64(&world, &weights, &unclamped, &no_progress).unwrap();
     assert_ne!(output_hash(&y), output_hash(&free));
-    let exact = fused_layer_f64(&world, &weights, &clamped, &no_progress).unwrap();
-    let exact_free = fused_layer_f64(
-        &world,
-        &weights,
-        &LayerOptions {
-            clamp: None,
-            ..clamped
-        },
-        &no_progress,
-    )
-    .unwrap();
     let d = diff_bf16_f64(&y, &exact);
     assert!(d < 1e-2, "diff {d}");
     assert!(

@@ -17,9 +17,7 @@ pub(super) fn expert(
     let h = gemm(weights, expert, Matrix::W1, &x);
     let a = l2_input(world, routed, &h, options);
     let o = gemm(weights, expert, Matrix::W2, &a);
-    for (r, o) in routed.iter_mut().zip(o.chunks_exact(world.shape.hidden)) {
-        r.out.copy_from_slice(o);
-    }
+    write_output(world, routed, &o, |dst, v| *dst = v);
 }
 
 /// The input rows of the slots routed to the expert, in f64.
@@ -48,6 +46,20 @@ pub(super) fn l2_input<O>(
         };
         g / (1.0 + (-g).exp()) * u * f64::from(weight)
     })
+}
+
+/// Hands each slot's L2 output `o` (`[n, H]`) to `write`.
+pub(super) fn write_output<O>(
+    world: &WorldInputs,
+    routed: &mut [Routed<O>],
+    o: &[f64],
+    write: impl Fn(&mut O, f64),
+) {
+    for (r, o) in routed.iter_mut().zip(o.chunks_exact(world.shape.hidden)) {
+        for (dst, &v) in r.out.iter_mut().zip(o) {
+            write(dst, v);
+        }
+    }
 }
 
 /// out[t, n] = Σ_k acts[t, k] · W[n, k] in f64 for every row n of `matrix`. Returns

@@ -112,9 +112,6 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn std::error::Error>> {
         seed: args.seed,
     };
     let (backend, note) = choose_backend(args.backend);
-    if let Some(note) = &note {
-        eprintln!("megamoe run: {note}");
-    }
 
     let world = generate_world(shape, args.ranks, args.tokens, &spec)?;
     validate_world(&world, None)?;
@@ -144,6 +141,9 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn std::error::Error>> {
         output_hash: format!("{:016x}", diff::output_hash(&out)),
         note,
     };
+    if let Some(note) = &report.note {
+        eprintln!("megamoe run: {note}");
+    }
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {

@@ -1,7 +1,7 @@
 //! The unquantized path: bf16 x, the f32 original weights, f64 arithmetic, no rounding.
 
 use super::rows::plain_strip;
-use super::{for_each_strip, weighted_swiglu, LayerOptions, Routed};
+use super::{for_each_strip, weighted_swiglu, write_output, LayerOptions, Routed};
 use crate::batch::WorldInputs;
 use crate::weights::{Matrix, WeightSource};
 
@@ -46,20 +46,6 @@ pub(super) fn l2_input<O>(
         };
         g / (1.0 + (-g).exp()) * u * f64::from(weight)
     })
-}
-
-/// Hands each slot's L2 output `o` (`[n, H]`) to `write`.
-pub(super) fn write_output<O>(
-    world: &WorldInputs,
-    routed: &mut [Routed<O>],
-    o: &[f64],
-    write: impl Fn(&mut O, f64),
-) {
-    for (r, o) in routed.iter_mut().zip(o.chunks_exact(world.shape.hidden)) {
-        for (dst, &v) in r.out.iter_mut().zip(o) {
-            write(dst, v);
-        }
-    }
 }
 
 /// out[t, n] = Σ_k acts[t, k] · W[n, k] in f64 for every row n of `matrix`. Returns

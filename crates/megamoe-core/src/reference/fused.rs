@@ -25,7 +25,7 @@
 use half::bf16;
 
 use super::rows::{block_scaled_strip, ScaledRows};
-use super::{for_each_strip, weighted_swiglu, LayerOptions, Routed};
+use super::{for_each_strip, weighted_swiglu, write_output, LayerOptions, Routed};
 use crate::batch::WorldInputs;
 use crate::numerics::{e4m3_round, e4m3_to_f32, INPUT_SCALE_FLOOR, INTERMEDIATE_SCALE_FLOOR};
 use crate::quant::{quantize_rows, QuantRows, INPUT_GROUP};
@@ -75,7 +75,7 @@ pub(super) fn expert(
     let h = gemm(weights, expert, Matrix::W1, &x);
     let a = l2_input(world, routed, &h, options);
     let o = gemm(weights, expert, Matrix::W2, &a);
-    write_output(world, routed, &o, |dst, v| *dst = v);
+    write_output(world, routed, &o, |dst, v| *dst = bf16::from_f32(v));
 }
 
 /// The quantized input rows of the slots routed to the expert.
@@ -123,20 +123,6 @@ pub(super) fn l2_input<O>(
         values: a.codes.iter().map(|&c| f64::from(e4m3_to_f32(c))).collect(),
         scales: a.scales,
         group: options.group,
-    }
-}
-
-/// Rounds each slot's f32 L2 output `o` (`[n, H]`) to bf16 and hands it to `write`.
-pub(super) fn write_output<O>(
-    world: &WorldInputs,
-    routed: &mut [Routed<O>],
-    o: &[f32],
-    write: impl Fn(&mut O, bf16),
-) {
-    for (r, o) in routed.iter_mut().zip(o.chunks_exact(world.shape.hidden)) {
-        for (dst, &v) in r.out.iter_mut().zip(o) {
-            write(dst, bf16::from_f32(v));
-        }
     }
 }
 

@@ -103,8 +103,8 @@ pub fn fused_layer_and_f64(
                 exact::l2_input(world, routed, &h.1, options),
             );
             let o = both_gemms(weights, expert, Matrix::W2, (&a.0, &a.1));
-            fused::write_output(world, routed, &o.0, |dst, v| dst.0 = v);
-            exact::write_output(world, routed, &o.1, |dst, v| dst.1 = v);
+            write_output(world, routed, &o.0, |dst, v| dst.0 = bf16::from_f32(v));
+            write_output(world, routed, &o.1, |dst, v| dst.1 = v);
         },
     );
     Ok((
@@ -180,6 +180,20 @@ fn weighted_swiglu<T: Copy + Default, O>(
         }
     }
     a
+}
+
+/// Hands each slot's L2 output row of `o` (`[n, H]`) to `write`.
+fn write_output<T: Copy, O>(
+    world: &WorldInputs,
+    routed: &mut [Routed<O>],
+    o: &[T],
+    write: impl Fn(&mut O, T),
+) {
+    for (r, o) in routed.iter_mut().zip(o.chunks_exact(world.shape.hidden)) {
+        for (dst, &v) in r.out.iter_mut().zip(o) {
+            write(dst, v);
+        }
+    }
 }
 
 /// Runs `compute(expert, routed)` for every expert that some slot names, in parallel, and

@@ -38,22 +38,28 @@ pub struct WeightGen {
     pub seed: u64,
 }
 
-/// One expert's weights in f32 (the unquantized originals).
+/// One expert's two matrices, W1 `[2I, H]` and W2 `[H, I]`, in some representation.
 #[derive(Clone, Debug, PartialEq)]
-pub struct ExpertF32 {
-    /// `[2I, H]`.
-    pub w1: Vec<f32>,
-    /// `[H, I]`.
-    pub w2: Vec<f32>,
+pub struct Expert<M> {
+    pub w1: M,
+    pub w2: M,
 }
 
-/// One expert's weights quantized per 128×128 block.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ExpertFp8 {
-    /// `[2I, H]` with scales `[2I/128, H/128]`.
-    pub w1: QuantBlocks,
-    /// `[H, I]` with scales `[H/128, I/128]`.
-    pub w2: QuantBlocks,
+/// One expert's weights in f32 (the unquantized originals).
+pub type ExpertF32 = Expert<Vec<f32>>;
+
+/// One expert's weights quantized per 128×128 block: scales `[2I/128, H/128]` for W1,
+/// `[H/128, I/128]` for W2.
+pub type ExpertFp8 = Expert<QuantBlocks>;
+
+impl<M> Expert<M> {
+    /// Both matrices, each made by `make(matrix)`.
+    fn from_fn(make: impl Fn(Matrix) -> M) -> Self {
+        Expert {
+            w1: make(Matrix::W1),
+            w2: make(Matrix::W2),
+        }
+    }
 }
 
 /// One rank's quantized weights in the SPEC §2 layouts.
@@ -200,21 +206,17 @@ impl WeightGen {
 
     /// One expert's unquantized weights.
     pub fn expert_f32(&self, expert: usize) -> ExpertF32 {
-        let full = |matrix| {
+        Expert::from_fn(|matrix| {
             let (rows, cols) = self.dims(matrix);
             let mut values = vec![0f32; rows * cols];
             self.fill_rows(expert, matrix, 0, &mut values);
             values
-        };
-        ExpertF32 {
-            w1: full(Matrix::W1),
-            w2: full(Matrix::W2),
-        }
+        })
     }
 
     /// One expert's quantized weights.
     pub fn expert_fp8(&self, expert: usize) -> ExpertFp8 {
-        let full = |matrix| {
+        Expert::from_fn(|matrix| {
             let (rows, cols) = self.dims(matrix);
             let mut strip = QuantBlocks::default();
             let mut all = QuantBlocks {
@@ -229,11 +231,7 @@ impl WeightGen {
                 all.scales.extend_from_slice(&strip.scales);
             }
             all
-        };
-        ExpertFp8 {
-            w1: full(Matrix::W1),
-            w2: full(Matrix::W2),
-        }
+        })
     }
 
     /// The quantized weights of the experts `rank` owns in a world of `ranks` ranks, generated in
@@ -274,9 +272,8 @@ impl WeightGen {
 }
 
 /// Generates and quantizes the 128-row strip of `matrix` of `expert` starting at `first_row`
-/// into `out` (resized to `[128, K]`, scales `[1, K/128]`), one 128×128 block at a time so
-/// that the block stays in cache: the same result as [`crate::quant::quantize_blocks`] with
-/// floor 1e-4.
+/// into `out` (resized to `[128, K]`, scales `[1, K/128]`): the same result as
+/// [`crate::quant::quantize_blocks`] with floor 1e-4.
 pub fn quantized_strip<S: WeightSource>(
     weights: &S,
     expert: usize,
@@ -284,83 +281,72 @@ pub fn quantized_strip<S: WeightSource>(
     first_row: usize,
     out: &mut QuantBlocks,
 ) {
+    let cols = weights.dims(matrix).1;
+    let mut strip = vec![0f32; WEIGHT_BLOCK * cols];
+    weights.fill_rows(expert, matrix, first_row, &mut strip);
     out.rows = WEIGHT_BLOCK;
-    out.cols = weights.dims(matrix).1;
-    let (codes, scales) = (&mut out.codes, &mut out.scales);
-    encode_strip(
-        weights,
-        expert,
-        matrix,
-        first_row,
-        e4m3_from_f32,
-        codes,
-        scales,
-    );
+    out.cols = cols;
+    encode_f32_strip(&strip, e4m3_from_f32, &mut out.codes, &mut out.scales);
 }
 
-/// The strip of [`quantized_strip`] with each element's `encode(w · (1/scale))` (the e4m3
-/// code, or its value) in `values` and the block scales in `scales`.
-pub(crate) fn encode_strip<S, T, E>(
-    weights: &S,
-    expert: usize,
-    matrix: Matrix,
-    first_row: usize,
+/// Quantizes a strip of f32 weights (`[128, K]`, row-major) per 128×128 block: the block
+/// scales in `scales` and each element's `encode(w · (1/scale))` (the e4m3 code, or its
+/// value) in `values`.
+pub(crate) fn encode_f32_strip<T, E>(
+    strip: &[f32],
     encode: E,
     values: &mut Vec<T>,
     scales: &mut Vec<f32>,
 ) where
-    S: WeightSource,
     T: Copy + Default,
     E: Fn(f32) -> T,
 {
-    let cols = weights.dims(matrix).1;
+    let cols = strip.len() / WEIGHT_BLOCK;
     values.resize(WEIGHT_BLOCK * cols, T::default());
     scales.resize(cols / WEIGHT_BLOCK, 0.0);
     #[cfg(target_arch = "x86_64")]
     if crate::simd::avx2_fma() {
         #[target_feature(enable = "avx2,fma")]
-        unsafe fn fast<S: WeightSource, T: Copy, E: Fn(f32) -> T>(
-            weights: &S,
-            at: (usize, Matrix, usize),
+        unsafe fn fast<T: Copy, E: Fn(f32) -> T>(
+            strip: &[f32],
             encode: E,
             values: &mut [T],
             scales: &mut [f32],
         ) {
-            encode_strip_body(weights, at, encode, values, scales)
+            encode_f32_strip_body(strip, encode, values, scales)
         }
         // SAFETY: the CPU has the features `fast` is compiled for.
-        return unsafe { fast(weights, (expert, matrix, first_row), encode, values, scales) };
+        return unsafe { fast(strip, encode, values, scales) };
     }
-    encode_strip_body(weights, (expert, matrix, first_row), encode, values, scales)
+    encode_f32_strip_body(strip, encode, values, scales)
 }
 
 #[inline(always)]
-fn encode_strip_body<S: WeightSource, T: Copy, E: Fn(f32) -> T>(
-    weights: &S,
-    (expert, matrix, first_row): (usize, Matrix, usize),
+fn encode_f32_strip_body<T: Copy, E: Fn(f32) -> T>(
+    strip: &[f32],
     encode: E,
     values: &mut [T],
     scales: &mut [f32],
 ) {
-    let cols = weights.dims(matrix).1;
-    let mut block = vec![0f32; WEIGHT_BLOCK * WEIGHT_BLOCK];
+    let cols = strip.len() / WEIGHT_BLOCK;
     for (b, scale) in scales.iter_mut().enumerate() {
-        let first_col = b * WEIGHT_BLOCK;
-        weights.fill_block(
-            expert,
-            matrix,
-            first_row,
-            first_col,
-            WEIGHT_BLOCK,
-            &mut block,
-        );
-        *scale = scale_factor(amax(&block), INPUT_SCALE_FLOOR);
+        let block = || {
+            strip
+                .chunks_exact(cols)
+                .map(move |row| &row[b * WEIGHT_BLOCK..][..WEIGHT_BLOCK])
+        };
+        // The largest magnitude of the block: per column first, so that it vectorizes (a
+        // maximum is exact in any order).
+        let mut columns = [0f32; WEIGHT_BLOCK];
+        for row in block() {
+            for (m, v) in columns.iter_mut().zip(row) {
+                *m = m.max(v.abs());
+            }
+        }
+        *scale = scale_factor(amax(&columns), INPUT_SCALE_FLOOR);
         let inverse = 1.0 / *scale;
-        for (dst, src) in values
-            .chunks_exact_mut(cols)
-            .zip(block.chunks_exact(WEIGHT_BLOCK))
-        {
-            for (d, &v) in dst[first_col..][..WEIGHT_BLOCK].iter_mut().zip(src) {
+        for (dst, src) in values.chunks_exact_mut(cols).zip(block()) {
+            for (d, &v) in dst[b * WEIGHT_BLOCK..][..WEIGHT_BLOCK].iter_mut().zip(src) {
                 *d = encode(v * inverse);
             }
         }

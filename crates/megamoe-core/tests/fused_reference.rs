@@ -5,7 +5,7 @@
 use half::bf16;
 use megamoe_core::diff::{diff, diff_bf16, diff_bf16_f64, output_hash};
 use megamoe_core::numerics::{e4m3_from_f32, e4m3_to_f32};
-use megamoe_core::reference::{fused_layer, fused_layer_f64, LayerOptions};
+use megamoe_core::reference::{fused_layer, fused_layer_and_f64, fused_layer_f64, LayerOptions};
 use megamoe_core::routing::{generate_rank, RoutingKind, RoutingSpec};
 use megamoe_core::{
     Error, Matrix, Preset, RankInputs, Shape, WeightGen, WeightSource, WorldInputs,
@@ -233,6 +233,30 @@ fn output_bits_do_not_depend_on_world_size_or_thread_count() {
 }
 
 #[test]
+fn one_pass_over_the_experts_gives_the_bits_of_both_layers() {
+    let shape = tiny();
+    let weights = WeightGen::new(shape, 5);
+    let world = split(shape, &global_batch(shape, 45, 4), 4);
+    for (group, clamp) in [(128, None), (64, Some(0.5))] {
+        let options = LayerOptions { group, clamp };
+        let (y, exact) = fused_layer_and_f64(&world, &weights, &options, &no_progress).unwrap();
+        let alone = fused_layer(&world, &weights, &options, &no_progress).unwrap();
+        let exact_alone = fused_layer_f64(&world, &weights, &options, &no_progress).unwrap();
+        assert!(y.iter().flatten().any(|v| v.to_f32() != 0.0));
+        let bits =
+            |y: &[Vec<bf16>]| -> Vec<u16> { y.iter().flatten().map(|v| v.to_bits()).collect() };
+        assert_eq!(bits(&y), bits(&alone), "G {group}, clamp {clamp:?}");
+        let bits64 =
+            |y: &[Vec<f64>]| -> Vec<u64> { y.iter().flatten().map(|v| v.to_bits()).collect() };
+        assert_eq!(
+            bits64(&exact),
+            bits64(&exact_alone),
+            "G {group}, clamp {clamp:?}"
+        );
+    }
+}
+
+#[test]
 fn all_masked_tokens_give_exactly_zero() {
     let shape = tiny();
     let global = global_batch(shape, 20, 2);
@@ -321,29 +345,14 @@ fn the_clamp_limits_gate_and_up() {
         group: 64,
         clamp: Some(0.5),
     };
-    let y = fused_layer(&world, &weights, &clamped, &no_progress).unwrap();
-    let free = fused_layer(
-        &world,
-        &weights,
-        &LayerOptions {
-            clamp: None,
-            ..clamped
-        },
-        &no_progress,
-    )
-    .unwrap();
+    let unclamped = LayerOptions {
+        clamp: None,
+        ..clamped
+    };
+    let (y, exact) = fused_layer_and_f64(&world, &weights, &clamped, &no_progress).unwrap();
+    let (free, exact_free) =
+        fused_layer_and_f64(&world, &weights, &unclamped, &no_progress).unwrap();
     assert_ne!(output_hash(&y), output_hash(&free));
-    let exact = fused_layer_f64(&world, &weights, &clamped, &no_progress).unwrap();
-    let exact_free = fused_layer_f64(
-        &world,
-        &weights,
-        &LayerOptions {
-            clamp: None,
-            ..clamped
-        },
-        &no_progress,
-    )
-    .unwrap();
     let d = diff_bf16_f64(&y, &exact);
     assert!(d < 1e-2, "diff {d}");
     assert!(

@@ -251,7 +251,9 @@ fn full_unit_loads(block_m: usize) -> Loads {
     Loads::new(rows.len(), vec![*rows.iter().max().unwrap()], rows).unwrap()
 }
 
-fn run_broken(params: StreamParams, sms: usize) -> (PlanFault, SimFault) {
+/// Runs the broken stream `params` through the verifier and the simulator; both must see a
+/// wait on later work.
+fn assert_later_wait_is_caught(params: StreamParams, sms: usize) {
     let loads = full_unit_loads(params.block_m);
     let streams = vec![Stream::build(params, &loads.expert_rows(0))];
     let shape = Shape {
@@ -267,7 +269,14 @@ fn run_broken(params: StreamParams, sms: usize) -> (PlanFault, SimFault) {
     };
     let plan_fault = streams[0].verify().unwrap_err();
     let sim_fault = sim::simulate(&streams, &loads, &costs_for(&plan), &config).unwrap_err();
-    (plan_fault, sim_fault)
+    assert!(
+        matches!(plan_fault, PlanFault::WaitOnLaterTask { .. }),
+        "{plan_fault}"
+    );
+    assert!(
+        matches!(sim_fault, SimFault::WaitOnLaterWork { .. }),
+        "{sim_fault}"
+    );
 }
 
 #[test]
@@ -281,15 +290,7 @@ fn a_ring_one_slot_too_small_is_caught_by_the_verifier_and_the_simulator() {
                 2,
                 ring_slots(lag) - 1,
             );
-            let (plan_fault, sim_fault) = run_broken(params, sms);
-            assert!(
-                matches!(plan_fault, PlanFault::WaitOnLaterTask { .. }),
-                "{plan_fault}"
-            );
-            assert!(
-                matches!(sim_fault, SimFault::WaitOnLaterWork { .. }),
-                "{sim_fault}"
-            );
+            assert_later_wait_is_caught(params, sms);
         }
     }
 }
@@ -297,15 +298,7 @@ fn a_ring_one_slot_too_small_is_caught_by_the_verifier_and_the_simulator() {
 #[test]
 fn a_lag_larger_than_the_ring_allows_is_caught() {
     let params = StreamParams::fused(Order::Lagged { lag_units: 9 }, 16, 2, 2, ring_slots(8));
-    let (plan_fault, sim_fault) = run_broken(params, 8);
-    assert!(
-        matches!(plan_fault, PlanFault::WaitOnLaterTask { .. }),
-        "{plan_fault}"
-    );
-    assert!(
-        matches!(sim_fault, SimFault::WaitOnLaterWork { .. }),
-        "{sim_fault}"
-    );
+    assert_later_wait_is_caught(params, 8);
 }
 
 #[test]

@@ -49,7 +49,7 @@
 //!   ([`World::run`], errors on every rank when one fails), [`SymmetricBuffer`]s with per-rank
 //!   peer pointer tables, and [`Rank::barrier`], a device-side barrier with a deadline.
 //! - [`Quantizer`]: bf16 → e4m3 per-128 quantization, bitwise equal to megamoe-core's
-//!   `quant::quantize_rows`; [`bench`]: NVLink and quantization benchmarks;
+//!   `quant::quantize_rows`; [`bench`](mod@bench): NVLink and quantization benchmarks;
 //!   [`selftest`]: the GPU checks `megamoe selftest` runs.
 //!
 //! # Finding CUDA

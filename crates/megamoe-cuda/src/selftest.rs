@@ -23,51 +23,19 @@ pub struct Check {
 
 /// Every GPU check of this crate, in the order they should run.
 pub fn checks() -> Vec<Check> {
+    let check = |name, run| Check { name, run };
     vec![
-        Check {
-            name: "libraries",
-            run: libraries,
-        },
-        Check {
-            name: "jit: every kernel compiles clean",
-            run: jit_clean,
-        },
-        Check {
-            name: "launch: >48 KB smem, cluster, PDL",
-            run: launch,
-        },
-        Check {
-            name: "tma: tensor map tile load",
-            run: tma,
-        },
-        Check {
-            name: "symmetric memory: ring write",
-            run: || symmetric(0),
-        },
-        Check {
-            name: "symmetric memory: virtual ranks",
-            run: || symmetric(8),
-        },
-        Check {
-            name: "rank barrier",
-            run: || barrier(0),
-        },
-        Check {
-            name: "rank barrier: virtual ranks",
-            run: || barrier(8),
-        },
-        Check {
-            name: "barrier deadline: a rank skips",
-            run: || skip(0),
-        },
-        Check {
-            name: "barrier deadline: virtual rank skips",
-            run: || skip(4),
-        },
-        Check {
-            name: "quant e4m3: bitwise vs CPU",
-            run: quant,
-        },
+        check("libraries", libraries),
+        check("jit: every kernel compiles clean", jit_clean),
+        check("launch: >48 KB smem, cluster, PDL", launch),
+        check("tma: tensor map tile load", tma),
+        check("symmetric memory: ring write", || symmetric(0)),
+        check("symmetric memory: virtual ranks", || symmetric(8)),
+        check("rank barrier", || barrier(0)),
+        check("rank barrier: virtual ranks", || barrier(8)),
+        check("barrier deadline: a rank skips", || skip(0)),
+        check("barrier deadline: virtual rank skips", || skip(4)),
+        check("quant e4m3: bitwise vs CPU", quant),
     ]
 }
 

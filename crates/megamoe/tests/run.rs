@@ -44,6 +44,23 @@ fn json_report_has_the_documented_fields_and_a_small_fp8_cost() {
 }
 
 #[test]
+fn backend_auto_says_why_it_runs_the_cpu_reference() {
+    let args = ["--preset", "tiny", "--ranks", "1", "--tokens", "4"];
+    let out = run(&[&args[..], &["--backend", "auto", "--json"]].concat());
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["backend"], "cpu");
+    let note = v["note"].as_str().expect("a note for --backend auto");
+    assert!(note.ends_with("running the CPU reference"), "{note}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(note), "note not on stderr: {stderr}");
+
+    let v = json(&[&args[..], &["--backend", "cpu"]].concat());
+    assert_eq!(v["backend"], "cpu");
+    assert!(v.get("note").is_none(), "{v}");
+}
+
+#[test]
 fn output_hash_is_the_same_for_one_two_four_and_eight_ranks() {
     let hashes: Vec<_> = [(1, "64"), (2, "32"), (4, "16"), (8, "8")]
         .iter()

@@ -78,7 +78,7 @@ pub fn block_n(n_dim: usize) -> usize {
 ///
 /// A stage holds one BLOCK_K slice of A (block_m rows of e4m3 plus their f32 scales) and of B
 /// (block_n rows of e4m3); the epilogue stages a block_m × block_n bf16 tile. More stages than
-/// k-blocks never fill, and beyond [`MAX_STAGES`] hide nothing more. On 4096/2048 with a 128×256
+/// k-blocks never fill, and beyond `MAX_STAGES` (6) hide nothing more. On 4096/2048 with a 128×256
 /// tile this gives 3, the seed's count.
 pub fn stages(block_m: usize, block_n: usize, k_dim: usize) -> usize {
     let stage = block_m * BLOCK_K + block_n * BLOCK_K + block_m * 4;

@@ -25,12 +25,11 @@
 use half::bf16;
 
 use super::rows::{block_scaled_strip, ScaledRows};
-use super::{LayerOptions, Routed};
+use super::{for_each_strip, weighted_swiglu, write_output, LayerOptions, Routed};
 use crate::batch::WorldInputs;
 use crate::numerics::{e4m3_round, e4m3_to_f32, INPUT_SCALE_FLOOR, INTERMEDIATE_SCALE_FLOOR};
-use crate::preset::Shape;
-use crate::quant::{quantize_rows, QuantRows, INPUT_GROUP, WEIGHT_BLOCK};
-use crate::weights::{encode_strip, Matrix, WeightSource};
+use crate::quant::{quantize_rows, QuantRows, INPUT_GROUP};
+use crate::weights::{encode_f32_strip, Matrix, WeightSource};
 
 /// Every rank's input quantized per token per 128 columns (floor 1e-4).
 pub(super) fn quantize_inputs(world: &WorldInputs) -> Vec<QuantRows> {
@@ -46,6 +45,23 @@ pub(super) fn quantize_inputs(world: &WorldInputs) -> Vec<QuantRows> {
         .collect()
 }
 
+/// Activation rows of one expert (e4m3 values as f64) with their scales per `group` columns.
+pub(super) struct Acts {
+    values: Vec<f64>,
+    scales: Vec<f32>,
+    group: usize,
+}
+
+impl Acts {
+    fn rows(&self) -> ScaledRows<'_> {
+        ScaledRows {
+            values: &self.values,
+            scales: &self.scales,
+            group: self.group,
+        }
+    }
+}
+
 /// Computes the bf16 output of every slot routed to `expert`.
 pub(super) fn expert(
     world: &WorldInputs,
@@ -55,78 +71,92 @@ pub(super) fn expert(
     expert: usize,
     routed: &mut [Routed<bf16>],
 ) {
-    let Shape {
-        hidden,
-        inter,
-        topk,
-        ..
-    } = world.shape;
+    let x = l1_input(world, inputs, routed);
+    let h = gemm(weights, expert, Matrix::W1, &x);
+    let a = l2_input(world, routed, &h, options);
+    let o = gemm(weights, expert, Matrix::W2, &a);
+    write_output(world, routed, &o, |dst, v| *dst = bf16::from_f32(v));
+}
+
+/// The quantized input rows of the slots routed to the expert.
+pub(super) fn l1_input<O>(world: &WorldInputs, inputs: &[QuantRows], routed: &[Routed<O>]) -> Acts {
+    let hidden = world.shape.hidden;
     let n = routed.len();
-    let mut x = Vec::with_capacity(n * hidden);
-    let mut x_scales = Vec::with_capacity(n * hidden / INPUT_GROUP);
-    for r in routed.iter() {
+    let mut values = Vec::with_capacity(n * hidden);
+    let mut scales = Vec::with_capacity(n * hidden / INPUT_GROUP);
+    for r in routed {
         let q = &inputs[r.rank];
-        x.extend(
+        values.extend(
             q.codes[r.token * hidden..][..hidden]
                 .iter()
                 .map(|&c| f64::from(e4m3_to_f32(c))),
         );
-        x_scales
+        scales
             .extend_from_slice(&q.scales[r.token * hidden / INPUT_GROUP..][..hidden / INPUT_GROUP]);
     }
-    let x = ScaledRows {
-        values: &x,
-        scales: &x_scales,
+    Acts {
+        values,
+        scales,
         group: INPUT_GROUP,
-    };
-    let h = gemm(weights, expert, Matrix::W1, &x);
-    let mut a = vec![0f32; n * inter];
-    for ((a, h), r) in a
-        .chunks_exact_mut(inter)
-        .zip(h.chunks_exact(2 * inter))
-        .zip(routed.iter())
-    {
-        let weight = world.ranks[r.rank].topk_weights[r.token * topk + r.slot];
-        let (gate, up) = h.split_at(inter);
-        for ((a, &g), &u) in a.iter_mut().zip(gate).zip(up) {
-            *a = swiglu(g, u, options.clamp, weight);
-        }
     }
-    let a = quantize_rows(&a, n, inter, options.group, INTERMEDIATE_SCALE_FLOOR)
-        .expect("I is a multiple of 128");
-    let a_values: Vec<f64> = a.codes.iter().map(|&c| f64::from(e4m3_to_f32(c))).collect();
-    let a = ScaledRows {
-        values: &a_values,
-        scales: &a.scales,
+}
+
+/// The L1 output `h` through the weighted SwiGLU, re-quantized per `options.group` columns.
+pub(super) fn l2_input<O>(
+    world: &WorldInputs,
+    routed: &[Routed<O>],
+    h: &[f32],
+    options: &LayerOptions,
+) -> Acts {
+    let a = weighted_swiglu(world, routed, h, |g, u, weight| {
+        swiglu(g, u, options.clamp, weight)
+    });
+    let a = quantize_rows(
+        &a,
+        routed.len(),
+        world.shape.inter,
+        options.group,
+        INTERMEDIATE_SCALE_FLOOR,
+    )
+    .expect("I is a multiple of 128");
+    Acts {
+        values: a.codes.iter().map(|&c| f64::from(e4m3_to_f32(c))).collect(),
+        scales: a.scales,
         group: options.group,
-    };
-    let o = gemm(weights, expert, Matrix::W2, &a);
-    for (r, o) in routed.iter_mut().zip(o.chunks_exact(hidden)) {
-        for (dst, &v) in r.out.iter_mut().zip(o) {
-            *dst = bf16::from_f32(v);
-        }
     }
 }
 
 /// out[t, n] for every activation row t of `acts` against every row n of the quantized
 /// `matrix` of `expert`, in the operation order of the module comment. Returns `[n, N]`.
-fn gemm(weights: &impl WeightSource, expert: usize, matrix: Matrix, acts: &ScaledRows) -> Vec<f32> {
-    let (rows, cols) = weights.dims(matrix);
-    let mut out = vec![0f32; acts.values.len() / cols * rows];
-    let (mut values, mut scales) = (Vec::new(), Vec::new());
-    for first_row in (0..rows).step_by(WEIGHT_BLOCK) {
-        encode_strip(
-            weights,
-            expert,
-            matrix,
-            first_row,
-            e4m3_round,
-            &mut values,
-            &mut scales,
-        );
-        block_scaled_strip(&values, &scales, acts, first_row, &mut out);
-    }
+fn gemm(weights: &impl WeightSource, expert: usize, matrix: Matrix, acts: &Acts) -> Vec<f32> {
+    let mut out = output(weights, matrix, acts);
+    let mut strip = Strip::default();
+    for_each_strip(weights, expert, matrix, |first_row, w| {
+        strip.add(w, acts, first_row, &mut out)
+    });
     out
+}
+
+/// The zeroed `[n, N]` output of `matrix` against `acts`.
+pub(super) fn output(weights: &impl WeightSource, matrix: Matrix, acts: &Acts) -> Vec<f32> {
+    let (rows, cols) = weights.dims(matrix);
+    vec![0f32; acts.values.len() / cols * rows]
+}
+
+/// The buffers of one quantized weight strip.
+#[derive(Default)]
+pub(super) struct Strip {
+    values: Vec<f32>,
+    scales: Vec<f32>,
+}
+
+impl Strip {
+    /// Quantizes the f32 weight strip `w` (`[128, K]`, rows `first_row…`) and adds its
+    /// products with `acts` to `out` (`[n, N]`).
+    pub(super) fn add(&mut self, w: &[f32], acts: &Acts, first_row: usize, out: &mut [f32]) {
+        encode_f32_strip(w, e4m3_round, &mut self.values, &mut self.scales);
+        block_scaled_strip(&self.values, &self.scales, &acts.rows(), first_row, out);
+    }
 }
 
 /// a = silu(g) · u · weight in f32, with the optional clamp (module comment).

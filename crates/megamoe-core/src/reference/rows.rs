@@ -202,15 +202,17 @@ mod tests {
     use crate::numerics::INPUT_SCALE_FLOOR;
     use crate::numerics::{e4m3_round, e4m3_to_f32};
     use crate::preset::Preset;
-    use crate::weights::{encode_strip, Matrix, WeightGen, WeightSource};
+    use crate::weights::{encode_f32_strip, Matrix, WeightGen, WeightSource};
 
     /// The portable bodies give the same bits as the dispatched (AVX2 + FMA) kernels.
     #[test]
     fn portable_and_simd_strips_agree_bit_for_bit() {
         let gen = WeightGen::new(Preset::by_name("tiny").unwrap().shape, 3);
         let (n, cols) = (5, 256);
+        let mut f32_strip = vec![0f32; 128 * cols];
+        gen.fill_rows(1, Matrix::W1, 128, &mut f32_strip);
         let (mut w, mut w_scales) = (Vec::new(), Vec::new());
-        encode_strip(&gen, 1, Matrix::W1, 128, e4m3_round, &mut w, &mut w_scales);
+        encode_f32_strip(&f32_strip, e4m3_round, &mut w, &mut w_scales);
         // Every finite code of both signs (0x7f is NaN).
         let code = |i: usize| (i * 37 % 0x7f) as u8 | if i % 3 == 0 { 0x80 } else { 0 };
         let values: Vec<f64> = (0..n * cols)
@@ -231,8 +233,6 @@ mod tests {
             assert!(simd.iter().all(|v| v.is_finite()) && simd.iter().any(|&v| v != 0.0));
             assert!(simd == portable, "group {group}");
         }
-        let mut f32_strip = vec![0f32; 128 * cols];
-        gen.fill_rows(1, Matrix::W1, 128, &mut f32_strip);
         let (mut simd, mut portable) = (vec![0f64; n * 128], vec![0f64; n * 128]);
         plain_strip(&f32_strip, &values, cols, 0, &mut simd);
         plain_strip_body::<false>(&f32_strip, &values, cols, 0, &mut portable);

@@ -133,7 +133,7 @@ pub fn token_counts(ranks: usize, tokens_per_rank: usize, spec: &RoutingSpec) ->
 /// Per global token g:
 /// - x[g, c] = bf16(z) with z standard normal (stream Activations, pairs of columns share one
 ///   Box-Muller draw);
-/// - score[e] = standard normal (stream Scores) plus the Zipf bias of [`RoutingKind::Zipf`];
+/// - `score[e]` = standard normal (stream Scores) plus the Zipf bias of [`RoutingKind::Zipf`];
 /// - topk_idx = the K highest scores in descending score order (ties: lower expert first);
 /// - topk_weights = softmax over those K scores (computed in f64, rounded to f32), kept also
 ///   for slots that are masked afterwards (masked weights are never read);

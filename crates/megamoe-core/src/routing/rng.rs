@@ -56,7 +56,7 @@ impl TokenRng {
     }
 
     /// Fills `out` with standard normal numbers: Box-Muller on the uniforms of indices
-    /// 2j and 2j+1 gives out[2j] (cosine branch) and out[2j+1] (sine branch).
+    /// 2j and 2j+1 gives `out[2j]` (cosine branch) and `out[2j+1]` (sine branch).
     pub fn fill_gaussians(&self, out: &mut [f64]) {
         for (pair, chunk) in out.chunks_mut(2).enumerate() {
             let radius = (-2.0 * self.unit(2 * pair as u64).ln()).sqrt();

@@ -99,11 +99,17 @@ pub struct CompiledKernel {
 /// - `-default-device`: plain functions in headers are device functions, no annotations needed;
 /// - `--ptxas-options=-v`: the register/spill/stack/shared report parsed into [`PtxasReport`];
 /// - `-lineinfo`: source lines in the SASS for profilers, no effect on the code;
-/// - `-I<cuda include>` when a CUDA include folder is found (for `cuda_bf16.h`, `cuda_fp8.h`).
+/// - `-I<cuda include>` when a CUDA include folder is found (for `cuda_bf16.h`, `cuda_fp8.h`);
+/// - `--no-cache` from NVRTC 12.9 on: NVRTC keeps its own cache of compiled code, shared between
+///   processes (with the driver's JIT cache), and on a hit there runs no ptxas and writes no ptxas
+///   report into the log. A kernel first compiled by another binary (whose [`KernelSpec`] key
+///   differs, e.g. through a changed unrelated header, while the code is the same) then came back
+///   with an empty log and failed as "no ptxas report". Our own disk cache keeps the log with the
+///   CUBIN, so NVRTC's cache gains nothing.
 ///
 /// No fast-math: `-prec-div`, `-prec-sqrt` and `-ftz=false` stay at their IEEE defaults so that
 /// scale arithmetic is bitwise equal to the CPU reference.
-pub fn base_options() -> Vec<String> {
+pub fn base_options(nvrtc_version: (i32, i32)) -> Vec<String> {
     let mut o: Vec<String> = [
         "--gpu-architecture=sm_90a",
         "-std=c++17",
@@ -117,6 +123,9 @@ pub fn base_options() -> Vec<String> {
     ]
     .map(String::from)
     .to_vec();
+    if nvrtc_version >= (12, 9) {
+        o.push("--no-cache".into());
+    }
     if let Some(dir) = probe::cuda_include_dir() {
         o.push(format!("-I{}", dir.display()));
     }
@@ -132,8 +141,8 @@ impl KernelSpec {
             .collect()
     }
 
-    fn options(&self) -> Vec<String> {
-        let mut o = base_options();
+    fn options(&self, nvrtc_version: (i32, i32)) -> Vec<String> {
+        let mut o = base_options(nvrtc_version);
         o.extend(self.options.iter().cloned());
         o
     }
@@ -180,24 +189,16 @@ pub fn compile(spec: &KernelSpec) -> Result<Arc<CompiledKernel>> {
         });
     }
     let nvrtc_version = crate::nvrtc::version()?;
-    let options = spec.options();
+    let options = spec.options(nvrtc_version);
     let key = spec.key(&options, nvrtc_version);
     if let Some(k) = memo().lock().unwrap().get(&key) {
         return Ok(k.clone());
     }
     let dump_dir = std::env::var_os("MEGAMOE_JIT_DUMP_DIR").map(PathBuf::from);
     let use_disk = !env_flag("MEGAMOE_JIT_NO_CACHE") && dump_dir.is_none();
-    let dir = cache::dir();
-
-    let cached = if use_disk {
-        cache::load(&dir, &key)
-    } else {
-        None
-    };
-    let from_disk_cache = cached.is_some();
-    let (cubin, log) = match cached {
-        Some(hit) => hit,
-        None => {
+    let disk = use_disk.then(cache::dir);
+    let (cubin, log, report, from_disk_cache) =
+        through_disk_cache(disk.as_deref(), &key, spec, || {
             if env_flag("MEGAMOE_JIT_PRINT_OPTIONS") {
                 eprintln!("megamoe jit: {} [{}]", spec.name, options.join(" "));
             }
@@ -211,19 +212,8 @@ pub fn compile(spec: &KernelSpec) -> Result<Arc<CompiledKernel>> {
             if let Some(d) = &dump_dir {
                 dump(d, spec, &out)?;
             }
-            if use_disk {
-                cache::store(&dir, &key, &out.cubin, &out.log)?;
-            }
-            (out.cubin, out.log)
-        }
-    };
-    let report = ptxas::parse(&log, &spec.entry).ok_or_else(|| Error::Compile {
-        kernel: spec.name.clone(),
-        log: format!(
-            "no ptxas report for entry `{}` (is it `extern \"C\" __global__`?)\n{log}",
-            spec.entry
-        ),
-    })?;
+            Ok((out.cubin, out.log))
+        })?;
     let compiled = Arc::new(CompiledKernel {
         name: spec.name.clone(),
         entry: spec.entry.clone(),
@@ -235,6 +225,41 @@ pub fn compile(spec: &KernelSpec) -> Result<Arc<CompiledKernel>> {
     });
     memo().lock().unwrap().insert(key, compiled.clone());
     Ok(compiled)
+}
+
+/// The disk-cache step of [`compile`]: the entry under `key` in `disk` when it holds a ptxas
+/// report for the entry function, else `nvrtc()`'s output, stored only once its report parsed
+/// (so an entry without a report, e.g. written by an older version, is compiled again and
+/// replaced, and a log without one is an error that never reaches the cache). Returns the CUBIN,
+/// the log, the report and whether it came from the disk.
+fn through_disk_cache(
+    disk: Option<&Path>,
+    key: &str,
+    spec: &KernelSpec,
+    nvrtc: impl FnOnce() -> Result<(Vec<u8>, String)>,
+) -> Result<(Vec<u8>, String, PtxasReport, bool)> {
+    let hit = disk
+        .and_then(|dir| cache::load(dir, key))
+        .and_then(|(cubin, log)| {
+            let report = ptxas::parse(&log, &spec.entry)?;
+            Some((cubin, log, report, true))
+        });
+    if let Some(hit) = hit {
+        return Ok(hit);
+    }
+    let (cubin, log) = nvrtc()?;
+    let report = ptxas::parse(&log, &spec.entry).ok_or_else(|| Error::Compile {
+        kernel: spec.name.clone(),
+        log: format!(
+            "no ptxas report for entry `{}` in the NVRTC log (is it `extern \"C\" __global__`?); \
+             the log:\n{log}",
+            spec.entry
+        ),
+    })?;
+    if let Some(dir) = disk {
+        cache::store(dir, key, &cubin, &log)?;
+    }
+    Ok((cubin, log, report, false))
 }
 
 fn dump(dir: &Path, spec: &KernelSpec, out: &crate::nvrtc::Output) -> Result<()> {
@@ -365,6 +390,75 @@ mod tests {
         let mut embedded: Vec<String> = HEADERS.iter().map(|(n, _)| n.to_string()).collect();
         embedded.sort();
         assert_eq!(on_disk, embedded);
+    }
+
+    fn spec(entry: &str) -> KernelSpec {
+        KernelSpec {
+            name: entry.into(),
+            entry: entry.into(),
+            source: String::new(),
+            headers: vec![],
+            options: vec![],
+        }
+    }
+
+    const REPORT: &str = "ptxas info    : Compiling entry function 'k' for 'sm_90a'\n\
+                          ptxas info    : Used 8 registers, used 0 barriers\n";
+
+    #[test]
+    fn nvrtc_own_cache_is_off_so_the_log_keeps_its_ptxas_report() {
+        assert!(base_options((13, 0)).contains(&"--no-cache".to_string()));
+        assert!(base_options((12, 9)).contains(&"--no-cache".to_string()));
+        // Older NVRTC has no such cache and rejects the option.
+        assert!(!base_options((12, 8)).contains(&"--no-cache".to_string()));
+    }
+
+    #[test]
+    fn log_without_ptxas_report_is_an_error_and_never_cached() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = through_disk_cache(Some(dir.path()), "key", &spec("k"), || {
+            Ok((vec![1, 2, 3], String::new()))
+        })
+        .unwrap_err();
+        assert!(
+            matches!(&err, Error::Compile { kernel, log } if kernel == "k" && log.contains("no ptxas report")),
+            "{err}"
+        );
+        assert!(cache::load(dir.path(), "key").is_none());
+    }
+
+    #[test]
+    fn cached_entry_without_ptxas_report_is_compiled_again() {
+        let dir = tempfile::tempdir().unwrap();
+        cache::store(dir.path(), "key", &[9], "").unwrap();
+        let (cubin, log, report, from_disk) =
+            through_disk_cache(Some(dir.path()), "key", &spec("k"), || {
+                Ok((vec![1, 2, 3], REPORT.to_string()))
+            })
+            .unwrap();
+        assert_eq!(
+            (cubin, log.as_str(), report.registers, from_disk),
+            (vec![1, 2, 3], REPORT, 8, false)
+        );
+        // The replaced entry is a hit now: NVRTC is not called again.
+        let (cubin, _, report, from_disk) =
+            through_disk_cache(Some(dir.path()), "key", &spec("k"), || {
+                panic!("compiled although the cache holds a whole entry")
+            })
+            .unwrap();
+        assert_eq!(
+            (cubin, report.registers, from_disk),
+            (vec![1, 2, 3], 8, true)
+        );
+    }
+
+    #[test]
+    fn without_disk_cache_nothing_is_written() {
+        let (_, _, report, from_disk) = through_disk_cache(None, "key", &spec("k"), || {
+            Ok((vec![1], REPORT.to_string()))
+        })
+        .unwrap();
+        assert_eq!((report.registers, from_disk), (8, false));
     }
 
     #[test]

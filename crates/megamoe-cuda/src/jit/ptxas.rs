@@ -58,7 +58,8 @@ fn number_before(line: &str, unit: &str) -> Option<u32> {
 }
 
 /// Parses the report of `entry` out of a ptxas `-v` log. `None` when the log has no section for
-/// that entry (for example a log from a cache written without `-v`).
+/// that entry (for example an empty log after a hit in NVRTC's own cache, which
+/// [`base_options`](super::base_options) turns off).
 pub fn parse(log: &str, entry: &str) -> Option<PtxasReport> {
     let mut report = PtxasReport::default();
     let mut in_entry = false;

@@ -11,7 +11,7 @@ pub struct Args {
     /// Hidden size (columns, a multiple of 128).
     #[arg(long, default_value_t = 7168)]
     pub hidden: usize,
-    /// Configurations to compare: b<blocks per half-warp>[p<thread blocks per SM>].
+    /// Configurations to compare: `b<blocks per half-warp>[p<thread blocks per SM>]`.
     #[arg(long, value_delimiter = ',', default_value = "b1,b2,b4,b2p4")]
     pub configs: Vec<QuantConfig>,
     /// Timed launches per shape (median reported).

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use clap::{Args, ValueEnum};
 use megamoe_core::routing::{generate_world, validate_world, RoutingKind, RoutingSpec};
-use megamoe_core::{diff, fused_layer, fused_layer_f64, LayerOptions, Preset, WeightGen};
+use megamoe_core::{diff, fused_layer_and_f64, LayerOptions, Preset, WeightGen};
 use serde::Serialize;
 
 use crate::progress::Progress;
@@ -58,7 +58,8 @@ enum RoutingArg {
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Backend {
-    /// The GPU layer where this build has one for the machine, else the CPU reference.
+    /// The GPU layer where this build has one for the machine, else the CPU reference (and a
+    /// note that says why).
     Auto,
     /// The CPU reference (SPEC §3).
     Cpu,
@@ -74,12 +75,17 @@ struct RunReport {
     valid_slots: usize,
     routing: RoutingSpec,
     group: usize,
-    /// Wall time of the layer alone (input generation and the f64 layer excluded).
+    /// Wall time of the layer (input generation excluded). The CPU reference computes the f64
+    /// layer in the same pass over the experts (both share each generated weight strip), so on
+    /// the CPU this is the time of both.
     time_ms: f64,
     /// FLOPs of the valid slots over `time_ms`.
     tflops: f64,
     diff_vs_f64: f64,
     output_hash: String,
+    /// Why `--backend auto` ran the CPU reference (absent for `--backend cpu`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    note: Option<String>,
 }
 
 pub fn run(args: &RunArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -105,27 +111,18 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn std::error::Error>> {
         uneven_tokens: args.uneven,
         seed: args.seed,
     };
-    // This build's layer runs on the CPU; `auto` picks it until the GPU layer is part of the build.
-    let backend = match args.backend {
-        Backend::Auto | Backend::Cpu => "cpu",
-    };
+    let (backend, note) = choose_backend(args.backend);
 
     let world = generate_world(shape, args.ranks, args.tokens, &spec)?;
     validate_world(&world, None)?;
     let weights = WeightGen::new(shape, args.seed);
 
-    let bar = Progress::new("layer   ");
+    let bar = Progress::new("layer and f64 ");
     let start = Instant::now();
-    let out = fused_layer(&world, &weights, &options, &|done, total| {
+    let (out, exact) = fused_layer_and_f64(&world, &weights, &options, &|done, total| {
         bar.update(done, total)
     })?;
     let time_ms = start.elapsed().as_secs_f64() * 1e3;
-    bar.finish();
-
-    let bar = Progress::new("f64 ref ");
-    let exact = fused_layer_f64(&world, &weights, &options, &|done, total| {
-        bar.update(done, total)
-    })?;
     bar.finish();
 
     let valid_slots = world.valid_slots();
@@ -142,13 +139,33 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn std::error::Error>> {
         tflops: valid_slots as f64 * shape.flops_per_slot() / (time_ms * 1e-3) / 1e12,
         diff_vs_f64: diff::diff_bf16_f64(&out, &exact),
         output_hash: format!("{:016x}", diff::output_hash(&out)),
+        note,
     };
+    if let Some(note) = &report.note {
+        eprintln!("megamoe run: {note}");
+    }
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         print_table(&report, &shape);
     }
     Ok(())
+}
+
+/// The backend `--backend` runs on in this build, and for `auto` a note saying why: the GPU
+/// layer is not part of the build yet, so `auto` runs the CPU reference on every machine.
+fn choose_backend(backend: Backend) -> (&'static str, Option<String>) {
+    let note = match backend {
+        Backend::Cpu => None,
+        // A missing driver is "no GPU" too; `megamoe info` says what was looked for.
+        Backend::Auto => Some(match megamoe_cuda::device_count().unwrap_or(0) {
+            0 => "no GPU: running the CPU reference".to_string(),
+            gpus => format!(
+                "{gpus} GPU(s) visible, but this build has no GPU layer yet: running the CPU reference"
+            ),
+        }),
+    };
+    ("cpu", note)
 }
 
 fn print_table(r: &RunReport, shape: &megamoe_core::Shape) {

@@ -4,7 +4,9 @@ use megamoe_cuda::Gpu;
 
 use crate::error::{GemmError, Result};
 use crate::grouped::GroupedGemm;
-use crate::heuristics::{choose, with_a_regs, with_block_n, with_cluster, GemmConfig, GemmProblem};
+use crate::heuristics::{
+    choose, with_a_regs, with_block_n, with_cluster, with_pipelined, GemmConfig, GemmProblem,
+};
 use crate::testdata::{compare, DeviceOperands, HostOperands};
 
 /// Measured FP8 dense peak of our H200 (ANCHORS.md).
@@ -47,6 +49,8 @@ pub struct Arm {
     pub cluster_m: Option<usize>,
     /// wgmma A operand from registers (see `GemmConfig::a_regs`).
     pub a_regs: bool,
+    /// v6: promotion overlapping the next group's wgmmas (see `GemmConfig::pipelined`).
+    pub pipelined: bool,
 }
 
 /// The configuration `arm` runs for `problem`.
@@ -75,6 +79,10 @@ fn arm_config(
     config = with_a_regs(config, arm.a_regs).ok_or_else(|| GemmError::Shape {
         arg: "a_regs",
         reason: format!("no A-from-registers variant of {}", config.kernel_name()),
+    })?;
+    config = with_pipelined(config, arm.pipelined).ok_or_else(|| GemmError::Shape {
+        arg: "pipelined",
+        reason: format!("no pipelined-promotion variant of {}", config.kernel_name()),
     })?;
     if opts.direct_store {
         config.tma_store = false;

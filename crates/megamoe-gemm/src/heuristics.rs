@@ -7,7 +7,9 @@
 //! experts hold few rows, where a 128-row block would mostly multiply padding. Stages fill the
 //! shared memory; the grid is one CTA per SM. The 128 x 256 tile also exists on clusters of two
 //! CTAs that multicast the weight tile (`cluster_m`) and with the wgmma A operand from registers
-//! (`a_regs`), benchmark knobs not chosen here.
+//! (`a_regs`), benchmark knobs not chosen here. The one-wave tiles (128 x 128 and 64 x 256) also
+//! exist with the promotion of each scale group overlapping the next group's wgmmas
+//! (`pipelined`, v6), a benchmark knob not chosen here either.
 
 use crate::error::GemmError;
 
@@ -80,6 +82,10 @@ pub struct GemmConfig {
     /// The wgmmas take A from registers, loaded with ldmatrix once per scale group for both of
     /// a warpgroup's 128-column waves (128 x 256 tiles only; a benchmark knob, not chosen here).
     pub a_regs: bool,
+    /// v6: each scale group's promotion overlaps the next group's wgmmas, through a second
+    /// accumulator set (one-wave tiles, 128 x 128 and 64 x 256, only: the 128 x 256 tile has no
+    /// registers for it; a benchmark knob, not chosen here).
+    pub pipelined: bool,
     pub ctas: usize,
 }
 
@@ -92,7 +98,7 @@ impl GemmConfig {
     /// The kernel symbol of this instantiation.
     pub fn kernel_name(&self) -> String {
         format!(
-            "grouped_gemm_fp8_m{}_n{}_s{}_g{}_{}_{}{}{}{}",
+            "grouped_gemm_fp8_m{}_n{}_s{}_g{}_{}_{}{}{}{}{}",
             self.block_m,
             self.block_n,
             self.stages,
@@ -108,7 +114,8 @@ impl GemmConfig {
             } else {
                 String::new()
             },
-            if self.a_regs { "_areg" } else { "" }
+            if self.a_regs { "_areg" } else { "" },
+            if self.pipelined { "_pipe" } else { "" }
         )
     }
 }
@@ -202,6 +209,7 @@ pub fn choose(p: &GemmProblem, sms: usize) -> Result<GemmConfig, GemmError> {
         group_m: 8,
         cluster_m: 1,
         a_regs: false,
+        pipelined: false,
         ctas: sms,
     };
     if std::env::var_os("MEGAMOE_GEMM_LOG").is_some() {
@@ -245,17 +253,46 @@ pub fn with_a_regs(config: GemmConfig, a_regs: bool) -> Option<GemmConfig> {
     exists.then_some(GemmConfig { a_regs, ..config })
 }
 
+/// `config` with (v6) or without the promotion overlapping the next group's wgmmas, or None
+/// where that does not exist (clusters, A from registers). A 128 x 256 tile becomes 128 x 128:
+/// v6 needs a second 64-register accumulator set, which fits next to a one-wave running sum
+/// (64 registers) but not next to the 128 x 256 tile's two waves (128).
+pub fn with_pipelined(config: GemmConfig, pipelined: bool) -> Option<GemmConfig> {
+    if !pipelined {
+        return Some(GemmConfig {
+            pipelined,
+            ..config
+        });
+    }
+    if config.cluster_m != 1 || config.a_regs {
+        return None;
+    }
+    let block_n = if config.block_m == 128 {
+        128
+    } else {
+        config.block_n
+    };
+    Some(GemmConfig {
+        block_n,
+        stages: max_stages(config.block_m, block_n, config.group_size),
+        pipelined,
+        ..config
+    })
+}
+
 /// Every configuration `choose` can return (and the clustered and A-from-registers variants of
-/// the 128 x 256 tile), for compile-everything checks.
+/// the 128 x 256 tile, and the v6 variants of the one-wave tiles), for compile-everything checks.
 pub fn all_configs(sms: usize) -> Vec<GemmConfig> {
     let mut out = Vec::new();
-    for (block_m, block_n, cluster_m, a_regs) in TILE_SHAPES
-        .map(|(m, n)| (m, n, 1, false))
+    for (block_m, block_n, cluster_m, a_regs, pipelined) in TILE_SHAPES
+        .map(|(m, n)| (m, n, 1, false, false))
         .into_iter()
         .chain([
-            (128, 256, 2, false),
-            (128, 256, 1, true),
-            (128, 256, 2, true),
+            (128, 256, 2, false, false),
+            (128, 256, 1, true, false),
+            (128, 256, 2, true, false),
+            (128, 128, 1, false, true),
+            (64, 256, 1, false, true),
         ])
     {
         for group_size in [128, 64] {
@@ -276,6 +313,7 @@ pub fn all_configs(sms: usize) -> Vec<GemmConfig> {
                             group_m: 8,
                             cluster_m,
                             a_regs,
+                            pipelined,
                             ctas: sms - sms % cluster_m,
                         });
                     }
@@ -357,6 +395,33 @@ mod tests {
             .iter()
             .filter(|c| c.a_regs)
             .all(|c| (c.block_m, c.block_n) == (128, 256)));
+    }
+
+    #[test]
+    fn pipelined_promotion_exists_only_for_one_wave_tiles() {
+        let p = problem(512, Layout::Contiguous { pad: 128 }, 128);
+        let c = choose(&p, 132).unwrap();
+        assert!(!c.pipelined);
+        let v6 = with_pipelined(c, true).unwrap();
+        assert_eq!((v6.block_m, v6.block_n, v6.stages), (128, 128, 6));
+        assert!(v6.kernel_name().ends_with("_tma_pipe"));
+        assert_eq!(with_pipelined(c, false), Some(c));
+        let small = choose(&problem(32, Layout::Masked { max_m: 32 }, 128), 132).unwrap();
+        let v6 = with_pipelined(small, true).unwrap();
+        assert_eq!((v6.block_m, v6.block_n, v6.stages), (64, 256, 5));
+        assert!(with_pipelined(with_cluster(c, &p, 2).unwrap(), true).is_none());
+        assert!(with_pipelined(with_a_regs(c, true).unwrap(), true).is_none());
+        let configs = all_configs(132);
+        assert_eq!(configs.iter().filter(|c| c.pipelined).count(), 20);
+        // Every v6 configuration is its one-wave base configuration with the flag set.
+        for v6 in configs.iter().filter(|c| c.pipelined) {
+            let base = GemmConfig {
+                pipelined: false,
+                ..*v6
+            };
+            assert!(configs.contains(&base), "{v6:?}");
+            assert_eq!(with_pipelined(base, true), Some(*v6));
+        }
     }
 
     #[test]

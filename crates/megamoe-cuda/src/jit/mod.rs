@@ -283,7 +283,8 @@ fn dump(dir: &Path, spec: &KernelSpec, out: &crate::nvrtc::Output) -> Result<()>
 }
 
 /// Compiles every configuration (in parallel) and checks each is clean: no compile error, no
-/// spill, no stack frame, no local memory. Returns every failure, not just the first.
+/// spill, no stack frame, no local memory, no wgmma serialized by ptxas. Returns every failure,
+/// not just the first.
 pub fn compile_all_clean(
     specs: &[KernelSpec],
 ) -> std::result::Result<Vec<Arc<CompiledKernel>>, Vec<Error>> {
@@ -321,8 +322,9 @@ pub fn compile_all_clean(
 }
 
 /// Test helper for every crate with kernels: compiles every configuration and panics, listing
-/// each failure, on a compile error, a spill, a stack frame or local memory. A missing NVRTC is
-/// a failure too (with the command that installs it), never a silent pass.
+/// each failure, on a compile error, a spill, a stack frame, local memory or wgmmas ptxas
+/// serialized. A missing NVRTC is a failure too (with the command that installs it), never a
+/// silent pass.
 pub fn assert_compiles_clean(specs: &[KernelSpec]) {
     assert!(!specs.is_empty(), "no kernel configurations given");
     if let Err(e) = probe::nvrtc() {

@@ -13,10 +13,14 @@ pub struct PtxasReport {
     /// Bytes of local memory ptxas reported as `lmem` (older toolchains report it separately).
     pub local: u32,
     pub barriers: u32,
+    /// ptxas serialized the kernel's wgmmas (its "Potential Performance Loss: wgmma.mma_async
+    /// instructions are serialized" notes, C7510-C7520): each waits for the one before.
+    pub wgmma_serialized: bool,
 }
 
 impl PtxasReport {
-    /// Why this kernel is not clean (spills, stack frame or local memory), or `None`.
+    /// Why this kernel is not clean (spills, stack frame, local memory or serialized wgmmas), or
+    /// `None`.
     pub fn unclean_reason(&self) -> Option<String> {
         let mut why = Vec::new();
         if self.spill_stores > 0 || self.spill_loads > 0 {
@@ -30,6 +34,9 @@ impl PtxasReport {
         }
         if self.local > 0 {
             why.push(format!("{} bytes local memory", self.local));
+        }
+        if self.wgmma_serialized {
+            why.push("wgmma instructions serialized by ptxas".to_string());
         }
         (!why.is_empty()).then(|| why.join(", "))
     }
@@ -65,6 +72,13 @@ pub fn parse(log: &str, entry: &str) -> Option<PtxasReport> {
     let mut in_entry = false;
     let mut seen = false;
     for line in log.lines() {
+        // This note comes before the entry's own section and names the function in quotes.
+        if line.contains("wgmma.mma_async instructions are serialized")
+            && line.contains(&format!("'{entry}'"))
+        {
+            report.wgmma_serialized = true;
+            continue;
+        }
         if line.contains("Compiling entry function") || line.contains("Function properties for") {
             in_entry = line.contains(&format!("'{entry}'"))
                 || line.split_whitespace().last() == Some(entry);
@@ -118,10 +132,28 @@ ptxas info    : Used 255 registers, used 0 barriers, 384 bytes cmem[0]
                 spill_loads: 0,
                 shared: 1024,
                 local: 0,
-                barriers: 1
+                barriers: 1,
+                wgmma_serialized: false,
             }
         );
         assert_eq!(r.unclean_reason(), None);
+    }
+
+    #[test]
+    fn serialized_wgmmas_make_a_kernel_unclean() {
+        let log = format!(
+            "ptxas info    : (C7518) Potential Performance Loss: wgmma.mma_async instructions are \
+             serialized due to program dependence on compiler-inserted WG.DP in divergent path \
+             in the function 'spilling_kernel'\n{LOG}"
+        );
+        assert!(parse(&log, "spilling_kernel").unwrap().wgmma_serialized);
+        let clean = parse(&log, "clean_kernel").unwrap();
+        assert!(!clean.wgmma_serialized && clean.unclean_reason().is_none());
+        let why = parse(&log, "spilling_kernel")
+            .unwrap()
+            .unclean_reason()
+            .unwrap();
+        assert!(why.contains("wgmma instructions serialized"));
     }
 
     #[test]

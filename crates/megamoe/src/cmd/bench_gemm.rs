@@ -61,6 +61,11 @@ pub struct BenchGemmArgs {
     /// comma-separated list runs each case once per value (and per cluster size), interleaved.
     #[arg(long, value_delimiter = ',')]
     pub a_regs: Vec<bool>,
+    /// v6: each scale group's promotion overlaps the next group's wgmmas (true/false; one-wave
+    /// tiles: a 128 x 256 tile becomes 128 x 128; tuning knob); a comma-separated list runs each
+    /// case once per value (and per cluster size and A source), interleaved.
+    #[arg(long, value_delimiter = ',')]
+    pub pipelined: Vec<bool>,
     /// Appends one JSON line per case (group sizes included) for the torch comparison script.
     #[arg(long)]
     pub json_out: Option<std::path::PathBuf>,
@@ -115,10 +120,23 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
     } else {
         args.a_regs.clone()
     };
-    let arms: Vec<Arm> = clusters
-        .iter()
-        .flat_map(|&cluster_m| a_regs.iter().map(move |&a_regs| Arm { cluster_m, a_regs }))
-        .collect();
+    let pipelined = if args.pipelined.is_empty() {
+        vec![false]
+    } else {
+        args.pipelined.clone()
+    };
+    let mut arms = Vec::new();
+    for &cluster_m in &clusters {
+        for &a_regs in &a_regs {
+            for &pipelined in &pipelined {
+                arms.push(Arm {
+                    cluster_m,
+                    a_regs,
+                    pipelined,
+                });
+            }
+        }
+    }
     let mut cases = Vec::new();
     for &mean in &args.rows_per_expert {
         for &pad in &pads {
@@ -200,6 +218,7 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
                         Layout::Masked { .. } => 0,
                     },
                     "cluster_m": arm.cluster_m.unwrap_or(1), "a_regs": arm.a_regs,
+                    "pipelined": arm.pipelined,
                     "rows_per_expert": mean, "n": n, "k": k, "group_sizes": rows,
                     "us": r.median_us, "tflops": r.tflops, "floor_us": r.floor_us,
                     "weight_floor_us": r.weight_floor_us, "deepgemm_us": deepgemm, "kernel": r.kernel,

@@ -19,6 +19,14 @@ __device__ __forceinline__ void mbarrier_arrive(u64* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 
+// Arrives only where `pred` holds, as a predicated instruction rather than a branch (a branch
+// around it would make ptxas wait for in-flight wgmmas first, warning C7518).
+__device__ __forceinline__ void mbarrier_arrive_if(u64* bar, bool pred) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %1, 0;\n@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}"
+      ::"r"(smem_addr(bar)), "r"(static_cast<u32>(pred)) : "memory");
+}
+
 // Arrives on the barrier at the same shared-memory offset in cluster CTA `cta` (which may be
 // this one). Default (CTA-scope) release semantics: `.release.cluster` compiles to a GPU-wide
 // memory barrier (MEMBAR.ALL.GPU) before every arrive, which a pipeline stage release does not

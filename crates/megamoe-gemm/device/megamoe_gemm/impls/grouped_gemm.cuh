@@ -2,6 +2,8 @@
 // warp-specialised: warpgroups 0 and 1 run the wgmma consumer, warpgroup 2 the TMA producer.
 // kClusterM = 2: clusters of two CTAs that share (multicast) the weight tile of a tile pair.
 // kARegs: the wgmmas take A from registers (ldmatrix once per scale group, see tile_k_loop).
+// kPipelined (v6): each scale group's promotion overlaps the next group's wgmmas (one-wave
+// slices only, see tile_k_loop_pipelined).
 // Instantiated per configuration by a generated translation unit (src/kernel.rs).
 #pragma once
 #include <megamoe/ptx/mbarrier.cuh>
@@ -20,7 +22,7 @@ constexpr u32 kProducerRegs = 40;
 constexpr u32 kConsumerRegs = 232;
 
 template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, bool kMasked, int kClusterM,
-          bool kARegs, typename Epilogue>
+          bool kARegs, bool kPipelined, typename Epilogue>
 __device__ __forceinline__ void grouped_gemm_fp8(const GroupedGemmParams& p) {
     using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>;
     extern __shared__ u8 smem_raw[];
@@ -57,7 +59,8 @@ __device__ __forceinline__ void grouped_gemm_fp8(const GroupedGemmParams& p) {
         }
     } else {
         ptx::setmaxnreg_inc<kConsumerRegs>();
-        wgmma_consumer<BLOCK_M, BLOCK_N, kStages, kGroupSize, kMasked, kClusterM, kARegs, Epilogue>(
+        wgmma_consumer<BLOCK_M, BLOCK_N, kStages, kGroupSize, kMasked, kClusterM, kARegs, kPipelined,
+                       Epilogue>(
             p, smem, warp / 4);
     }
     if constexpr (kClusterM > 1) ptx::cluster_sync();

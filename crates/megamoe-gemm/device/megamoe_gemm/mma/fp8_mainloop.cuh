@@ -124,8 +124,144 @@ __device__ __forceinline__ void tile_k_loop(const GroupedGemmParams& p,
     }
 }
 
+// v6: the K loop of a one-wave slice (64 rows x 128 columns) with each scale group's promotion
+// hidden behind the next group's wgmmas. Two accumulator sets alternate: group u + 1 is issued
+// into one before group u's wgmmas are waited for (wait_group 1) and promoted from the other, so
+// the tensor cores have this warpgroup's work queued while it runs the promotion FFMAs. A stage
+// is released once the wgmmas of its last group complete, one group later than in tile_k_loop.
+// Registers: 64 (sum) + 2 x 64 (accumulators), as many as tile_k_loop's two waves.
+template <int kClusterM, int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize>
+struct PipelinedKLoop {
+    static_assert(kClusterM == 1, "v6 runs on single CTAs");
+    using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>;
+    using Mma = Fp8Mma;
+    static constexpr int kScaleCols = Layout::kScaleCols;
+    static constexpr int kMmaPerGroup = kGroupSize / Mma::kK;
+
+    const GroupedGemmParams& p;
+    const Layout& smem;
+    RingCursor<kStages>& ring;
+    float (&sum)[Mma::kAccum];
+    u32 a_off, b_off, r_lo, kb = 0;
+    const float* sb_row;
+    float acc[2][Mma::kAccum];
+    float sa_lo[kScaleCols], sa_hi[kScaleCols], sb = 0.0f;
+    // The group whose wgmmas are in flight: its scales, and the stage it was the last reader of.
+    float prev_lo = 0.0f, prev_hi = 0.0f;
+    bool prev_releases = false;
+    int prev_stage = 0;
+
+    // Issues scale group kG of the current K block into acc[kBuf], then waits for and promotes
+    // the previous group (acc[1 - kBuf]) while these wgmmas run.
+    template <int kBuf, int kG, bool kHasPrev>
+    __device__ __forceinline__ void group() {
+        if constexpr (kG == 0) {
+            sb = __ldg(sb_row + kb);
+            wait_full();
+            const float* sa = smem.sa(ring.stage);
+#pragma unroll
+            for (int g = 0; g < kScaleCols; ++g) {
+                sa_lo[g] = sa[g * BLOCK_M + r_lo];
+                sa_hi[g] = sa[g * BLOCK_M + r_lo + 8];
+            }
+        }
+        const u8* a_tile = smem.a(ring.stage) + a_off * Layout::kBlockK;
+        const u8* b_tile = smem.b(ring.stage) + b_off * Layout::kBlockK;
+#pragma unroll
+        for (int i = 0; i < Mma::kAccum; ++i) wgmma_fence_operand(acc[kBuf][i]);
+        wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < kMmaPerGroup; ++j) {
+            const u32 k_bytes = (kG * kMmaPerGroup + j) * Mma::kK;
+            Mma::mma(smem_desc_k_major_sw128(a_tile, k_bytes), smem_desc_k_major_sw128(b_tile, k_bytes),
+                     acc[kBuf], j > 0);
+        }
+        wgmma_commit();
+#pragma unroll
+        for (int i = 0; i < Mma::kAccum; ++i) wgmma_fence_operand(acc[kBuf][i]);
+        if constexpr (kHasPrev) {
+            wgmma_wait<1>();
+            promote<1 - kBuf>();
+        }
+        prev_lo = sa_lo[kG] * sb;
+        prev_hi = sa_hi[kG] * sb;
+        prev_releases = kG == kScaleCols - 1;
+        prev_stage = ring.stage;
+        if constexpr (kG == kScaleCols - 1) {
+            ring.advance();
+            ++kb;
+        }
+    }
+
+    // mbarrier_wait on the stage's full barrier, with the previous group's wgmmas in flight:
+    // the expiry path waits for them itself before it exits, or ptxas would insert that wait
+    // on its own and serialize every wgmma of the kernel (C7518). The loop and the expiry are
+    // decided per warp (votes), as the aligned wgmma.wait_group needs the whole warp.
+    __device__ __forceinline__ void wait_full() {
+        u64* bar = smem.full(ring.stage);
+        if (__all_sync(~0u, ptx::mbarrier_try_wait_parity(bar, ring.phase))) return;
+        const u64 start = ptx::globaltimer_ns();
+        while (!__all_sync(~0u, ptx::mbarrier_try_wait_parity(bar, ring.phase))) {
+            if (__any_sync(~0u, ptx::globaltimer_ns() - start > p.timeout_ns)) {
+                atomicCAS(reinterpret_cast<u32*>(p.error), 0u, 0x80000000u | kWaitFull);
+                wgmma_wait<0>();
+                asm volatile("exit;");
+            }
+        }
+    }
+
+    // Folds the completed group in acc[kBuf] into the sum and releases its stage if it was the
+    // stage's last reader.
+    template <int kBuf>
+    __device__ __forceinline__ void promote() {
+#pragma unroll
+        for (int i = 0; i < Mma::kAccum; ++i) wgmma_fence_operand(acc[kBuf][i]);
+        ptx::mbarrier_arrive_if(smem.empty(prev_stage), prev_releases && threadIdx.x % 32 == 0);
+#pragma unroll
+        for (int i = 0; i < Mma::kAccum; ++i) {
+            sum[i] = fmaf(acc[kBuf][i], (i & 2) ? prev_hi : prev_lo, sum[i]);
+        }
+    }
+
+    __device__ __forceinline__ void run(u32 k_blocks) {
+#pragma unroll
+        for (int i = 0; i < Mma::kAccum; ++i) sum[i] = 0.0f;
+        // Group u goes to acc[u % 2]: group 0, the pairs (1, 2), (3, 4), ..., and for an even
+        // count a last group into acc[1]. Every branch here is uniform and outside the groups.
+        const u32 groups = k_blocks * kScaleCols;
+        group<0, 0, false>();
+        u32 u = 1;
+        for (; u + 1 < groups; u += 2) {
+            group<1, 1 % kScaleCols, true>();
+            group<0, 0, true>();
+        }
+        if (u < groups) {
+            group<1, 1 % kScaleCols, true>();
+            wgmma_wait<0>();
+            promote<1>();
+        } else {
+            wgmma_wait<0>();
+            promote<0>();
+        }
+    }
+};
+
+template <int kClusterM, int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize>
+__device__ __forceinline__ void tile_k_loop_pipelined(
+    const GroupedGemmParams& p, const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>& smem,
+    RingCursor<kStages>& ring, const Tile& t, u32 a_off, u32 b_off, float (&sum)[1][Fp8Mma::kAccum]) {
+    using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>;
+    const u32 k_blocks = p.k / Layout::kBlockK;
+    PipelinedKLoop<kClusterM, BLOCK_M, BLOCK_N, kStages, kGroupSize> loop{
+        p, smem, ring, sum[0], a_off, b_off,
+        a_off + (threadIdx.x / 32) % 4 * 16 + threadIdx.x % 32 / 4, 0,
+        reinterpret_cast<const float*>(p.scale_b) +
+            (static_cast<u64>(t.expert) * (p.n / 128) + (t.n0 + b_off) / 128) * k_blocks};
+    loop.run(k_blocks);
+}
+
 template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, bool kMasked, int kClusterM,
-          bool kARegs, typename Epilogue>
+          bool kARegs, bool kPipelined, typename Epilogue>
 __device__ void wgmma_consumer(const GroupedGemmParams& p,
                                const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>& smem,
                                u32 wg) {
@@ -145,7 +281,12 @@ __device__ void wgmma_consumer(const GroupedGemmParams& p,
     Tile t;
     while (sched.next(t)) {
         float sum[kWaves][Mma::kAccum];
-        tile_k_loop<kWaves, kClusterM, kARegs>(p, smem, ring, t, a_off, b_off, sum);
+        if constexpr (kPipelined) {
+            static_assert(kWaves == 1 && !kARegs, "v6 runs one-wave slices, A from shared memory");
+            tile_k_loop_pipelined<kClusterM>(p, smem, ring, t, a_off, b_off, sum);
+        } else {
+            tile_k_loop<kWaves, kClusterM, kARegs>(p, smem, ring, t, a_off, b_off, sum);
+        }
         const u32 rows_valid = t.rows_valid > a_off ? t.rows_valid - a_off : 0;
 #pragma unroll
         for (int w = 0; w < kWaves; ++w) {

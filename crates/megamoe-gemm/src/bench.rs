@@ -5,7 +5,8 @@ use megamoe_cuda::Gpu;
 use crate::error::{GemmError, Result};
 use crate::grouped::GroupedGemm;
 use crate::heuristics::{
-    choose, with_a_regs, with_block_n, with_cluster, with_pipelined, GemmConfig, GemmProblem,
+    choose, with_a_regs, with_block_n, with_cluster, with_ordered, with_pipelined, GemmConfig,
+    GemmProblem,
 };
 use crate::testdata::{compare, DeviceOperands, HostOperands};
 
@@ -40,7 +41,13 @@ pub struct BenchOptions {
     pub direct_store: bool,
     /// Another `group_m` than the heuristic's.
     pub group_m: Option<usize>,
+    /// Writes `L2_FLUSH_BYTES` before every timed launch (outside its events), so that no
+    /// launch finds its operands in L2 (DeepGEMM's benchmark does the same).
+    pub flush_l2: bool,
 }
+
+/// Bytes written to push every operand out of L2 (50 MiB on an H200) before a timed launch.
+pub const L2_FLUSH_BYTES: usize = 256 << 20;
 
 /// One arm of an interleaved comparison: the heuristic's kernel with these overrides.
 #[derive(Clone, Copy, Debug, Default)]
@@ -49,8 +56,10 @@ pub struct Arm {
     pub cluster_m: Option<usize>,
     /// wgmma A operand from registers (see `GemmConfig::a_regs`).
     pub a_regs: bool,
-    /// v6: promotion overlapping the next group's wgmmas (see `GemmConfig::pipelined`).
+    /// v6/v7: promotion overlapping the next wgmmas (see `GemmConfig::pipelined`).
     pub pipelined: bool,
+    /// v8: ordered waves (see `GemmConfig::ordered`).
+    pub ordered: bool,
 }
 
 /// The configuration `arm` runs for `problem`.
@@ -84,6 +93,10 @@ fn arm_config(
         arg: "pipelined",
         reason: format!("no pipelined-promotion variant of {}", config.kernel_name()),
     })?;
+    config = with_ordered(config, arm.ordered).ok_or_else(|| GemmError::Shape {
+        arg: "ordered",
+        reason: format!("no ordered-waves variant of {}", config.kernel_name()),
+    })?;
     if opts.direct_store {
         config.tma_store = false;
     }
@@ -102,7 +115,8 @@ fn arm_config(
 /// Runs every arm on the same operands: each checked (sampled rows: first and last of every
 /// expert, every element for poison, output poisoned before each arm's first launch), then
 /// `warmup` launches of each and `iters` rounds of one launch per arm in turn, each launch
-/// between its own pair of events, so that clocks and temperature drift hit every arm alike.
+/// between its own pair of events (after an L2 flush with `opts.flush_l2`), so that clocks and
+/// temperature drift hit every arm alike.
 pub fn run_arms(
     gpu: &Gpu,
     problem: GemmProblem,
@@ -132,9 +146,17 @@ pub fn run_arms(
         gemms.push(gemm);
     }
     let timer = gpu.timer()?;
+    let flush = if opts.flush_l2 {
+        Some(gpu.alloc(L2_FLUSH_BYTES)?)
+    } else {
+        None
+    };
     let mut times = vec![Vec::with_capacity(opts.iters); gemms.len()];
     for _ in 0..opts.iters {
         for (gemm, t) in gemms.iter().zip(&mut times) {
+            if let Some(buf) = &flush {
+                buf.memset(0)?;
+            }
             timer.start()?;
             gemm.launch(gpu)?;
             timer.stop()?;

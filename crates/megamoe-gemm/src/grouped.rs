@@ -231,6 +231,8 @@ impl GroupedGemm {
         let what = match word & 0xFFFF {
             1 => "consumer waiting for a stage's TMA data (full barrier)",
             2 => "producer waiting for a free stage (empty barrier)",
+            3 => "consumer warpgroup 1 waiting for warpgroup 0's wave (ordered waves)",
+            4 => "consumer warpgroup 0 waiting for warpgroup 1's issue (ordered waves)",
             _ => "unknown wait",
         };
         Err(GemmError::DeviceTimeout {

@@ -61,11 +61,20 @@ pub struct BenchGemmArgs {
     /// comma-separated list runs each case once per value (and per cluster size), interleaved.
     #[arg(long, value_delimiter = ',')]
     pub a_regs: Vec<bool>,
-    /// v6: each scale group's promotion overlaps the next group's wgmmas (true/false; one-wave
-    /// tiles: a 128 x 256 tile becomes 128 x 128; tuning knob); a comma-separated list runs each
-    /// case once per value (and per cluster size and A source), interleaved.
+    /// v6/v7: each promotion overlaps the next wgmmas (true/false; same tile, single CTAs, A
+    /// from shared memory; tuning knob); a comma-separated list runs each case once per value
+    /// (and per cluster size and A source), interleaved.
     #[arg(long, value_delimiter = ',')]
     pub pipelined: Vec<bool>,
+    /// v8: the consumer warpgroups take turns on the tensor cores (true/false; not with
+    /// --pipelined true; tuning knob); a comma-separated list runs each case once per value
+    /// (and per cluster size, A source and K loop), interleaved.
+    #[arg(long, value_delimiter = ',')]
+    pub ordered: Vec<bool>,
+    /// Writes a 256 MiB buffer before every timed launch (outside its events), so each launch
+    /// starts with an L2 that holds none of its operands, as DeepGEMM's benchmark does.
+    #[arg(long)]
+    pub flush_l2: bool,
     /// Appends one JSON line per case (group sizes included) for the torch comparison script.
     #[arg(long)]
     pub json_out: Option<std::path::PathBuf>,
@@ -125,15 +134,23 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
     } else {
         args.pipelined.clone()
     };
+    let ordered = if args.ordered.is_empty() {
+        vec![false]
+    } else {
+        args.ordered.clone()
+    };
     let mut arms = Vec::new();
     for &cluster_m in &clusters {
         for &a_regs in &a_regs {
             for &pipelined in &pipelined {
-                arms.push(Arm {
-                    cluster_m,
-                    a_regs,
-                    pipelined,
-                });
+                for &ordered in &ordered {
+                    arms.push(Arm {
+                        cluster_m,
+                        a_regs,
+                        pipelined,
+                        ordered,
+                    });
+                }
             }
         }
     }
@@ -169,6 +186,7 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
             block_n: args.block_n,
             direct_store: args.direct_store,
             group_m: args.group_m,
+            flush_l2: args.flush_l2,
         };
         let results = run_arms(&gpu, problem, &rows, args.seed, &opts, &arms)?;
         for (arm, r) in arms.iter().zip(results) {
@@ -218,7 +236,7 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
                         Layout::Masked { .. } => 0,
                     },
                     "cluster_m": arm.cluster_m.unwrap_or(1), "a_regs": arm.a_regs,
-                    "pipelined": arm.pipelined,
+                    "pipelined": arm.pipelined, "ordered": arm.ordered, "flush_l2": args.flush_l2,
                     "rows_per_expert": mean, "n": n, "k": k, "group_sizes": rows,
                     "us": r.median_us, "tflops": r.tflops, "floor_us": r.floor_us,
                     "weight_floor_us": r.weight_floor_us, "deepgemm_us": deepgemm, "kernel": r.kernel,

@@ -1,8 +1,8 @@
-// Epilogues: what happens to a warpgroup's finished 64 x 128 f32 tile. A policy receives the
-// accumulators in the wgmma m64nNk32 register layout (thread = warp w, lane l; register i holds
-// row 16w + l/4 + 8*((i/2)%2), column 8*(i/4) + 2*(l%4) + i%2) and owns everything after the
-// mainloop; the L1 SwiGLU + routing weight + re-quantisation epilogue is another policy of the
-// same shape.
+// Epilogues: what happens to a warpgroup's finished 64 x N f32 slice (N = 64 or 128). A policy
+// receives the accumulators in the wgmma m64nNk32 register layout (thread = warp w, lane l;
+// register i holds row 16w + l/4 + 8*((i/2)%2), column 8*(i/4) + 2*(l%4) + i%2) and owns
+// everything after the mainloop; the L1 SwiGLU + routing weight + re-quantisation epilogue is
+// another policy of the same shape.
 #pragma once
 #include <megamoe/common.cuh>
 #include <megamoe/ptx/convert.cuh>
@@ -57,7 +57,7 @@ struct TmaStoreBf16 {
     __device__ __forceinline__ static void store(const GroupedGemmParams& p, u8* staging, u32 wg,
                                                  u32 row0, u32 col0, u32 /*rows_valid*/,
                                                  const float (&acc)[kAccum]) {
-        static_assert(kAccum == 64, "a 64 x 128 wgmma slice");
+        static_assert(kAccum % 32 == 0, "64-column halves of a wgmma slice");
         const u32 lane = threadIdx.x % 32;
         const u32 warp = (threadIdx.x / 32) % 4;
         const bool leader = threadIdx.x % 128 == 0;
@@ -66,12 +66,12 @@ struct TmaStoreBf16 {
         const u32 row = warp * 16 + lane % 8 + 8 * ((lane / 8) % 2);
         const u32 chunk_step = lane / 16;
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
+        for (int half = 0; half < kAccum / 32; ++half) {
             if (leader) ptx::bulk_wait_group_read<0>();
             named_barrier_sync(bar, 128);
 #pragma unroll
             for (int jj = 0; jj < 8; jj += 2) {
-                const int j = half * 8 + jj;  // 8-column group inside the 128-column slice
+                const int j = half * 8 + jj;  // 8-column group inside the slice
                 const u32 chunk = jj + chunk_step;
                 u8* dst = staging + row * 128 + ((chunk ^ (row % 8)) * 16);
                 ptx::stmatrix_x4(dst, ptx::bf16x2(acc[4 * j], acc[4 * j + 1]),

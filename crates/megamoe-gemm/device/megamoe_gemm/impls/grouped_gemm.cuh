@@ -4,6 +4,7 @@
 // kARegs: the wgmmas take A from registers (ldmatrix once per scale group, see tile_k_loop).
 // kPipelined (v6): each scale group's promotion overlaps the next group's wgmmas (one-wave
 // slices only, see tile_k_loop_pipelined).
+// kOrdered (v8): the two consumer warpgroups take turns on the tensor cores (wave_order.cuh).
 // Instantiated per configuration by a generated translation unit (src/kernel.rs).
 #pragma once
 #include <megamoe/ptx/mbarrier.cuh>
@@ -22,7 +23,7 @@ constexpr u32 kProducerRegs = 40;
 constexpr u32 kConsumerRegs = 232;
 
 template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, bool kMasked, int kClusterM,
-          bool kARegs, bool kPipelined, typename Epilogue>
+          bool kARegs, bool kPipelined, bool kOrdered, typename Epilogue>
 __device__ __forceinline__ void grouped_gemm_fp8(const GroupedGemmParams& p) {
     using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>;
     extern __shared__ u8 smem_raw[];
@@ -44,6 +45,8 @@ __device__ __forceinline__ void grouped_gemm_fp8(const GroupedGemmParams& p) {
             ptx::mbarrier_init(smem.full(s), 1);
             ptx::mbarrier_init(smem.empty(s), kMathWarps * kClusterM);
         }
+        ptx::mbarrier_init(smem.wave_done(), kMathWarps / 2);
+        ptx::mbarrier_init(smem.wave_issued(), kMathWarps / 2);
         ptx::fence_barrier_init();
     }
     if constexpr (kClusterM > 1) {
@@ -60,7 +63,7 @@ __device__ __forceinline__ void grouped_gemm_fp8(const GroupedGemmParams& p) {
     } else {
         ptx::setmaxnreg_inc<kConsumerRegs>();
         wgmma_consumer<BLOCK_M, BLOCK_N, kStages, kGroupSize, kMasked, kClusterM, kARegs, kPipelined,
-                       Epilogue>(
+                       kOrdered, Epilogue>(
             p, smem, warp / 4);
     }
     if constexpr (kClusterM > 1) ptx::cluster_sync();

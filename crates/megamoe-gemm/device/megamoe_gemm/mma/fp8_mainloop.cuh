@@ -6,6 +6,7 @@
 #include <megamoe/ptx/mbarrier.cuh>
 #include <megamoe_gemm/mma/wgmma.cuh>
 #include <megamoe_gemm/pipeline/barriers.cuh>
+#include <megamoe_gemm/pipeline/wave_order.cuh>
 #include <megamoe_gemm/layout/smem_desc.cuh>
 #include <megamoe_gemm/layout/smem_layout.cuh>
 #include <megamoe_gemm/scheduler/tile_scheduler.cuh>
@@ -32,12 +33,13 @@ __device__ __forceinline__ void release_stage(u64* empty) {
 // into `sum` (kWaves * 64 f32 registers; the fresh accumulators take 64 more). kARegs: each
 // scale group's A slice is read from shared memory once (ldmatrix, G/32 x 4 registers) and fed
 // to every wave from registers, instead of every wave's wgmmas reading it again.
-template <int kWaves, int kClusterM, bool kARegs, int BLOCK_M, int BLOCK_N, int kStages,
-          int kGroupSize>
+template <int kWaves, int kClusterM, bool kARegs, bool kOrdered, int BLOCK_M, int BLOCK_N,
+          int kStages, int kGroupSize>
 __device__ __forceinline__ void tile_k_loop(const GroupedGemmParams& p,
                                             const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>& smem,
-                                            RingCursor<kStages>& ring, const Tile& t, u32 a_off,
-                                            u32 b_off, float (&sum)[kWaves][Fp8Mma::kAccum]) {
+                                            RingCursor<kStages>& ring, WaveOrder<kOrdered>& order,
+                                            const Tile& t, u32 a_off, u32 b_off,
+                                            float (&sum)[kWaves][Fp8Mma::kAccum]) {
     using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>;
     using Mma = Fp8Mma;
     constexpr int kScaleCols = Layout::kScaleCols;
@@ -89,6 +91,7 @@ __device__ __forceinline__ void tile_k_loop(const GroupedGemmParams& p,
                 float acc[Mma::kAccum];
 #pragma unroll
                 for (int i = 0; i < Mma::kAccum; ++i) wgmma_fence_operand(acc[i]);
+                order.before_issue(p);
                 wgmma_fence();
 #pragma unroll
                 for (int j = 0; j < kMmaPerGroup; ++j) {
@@ -104,11 +107,13 @@ __device__ __forceinline__ void tile_k_loop(const GroupedGemmParams& p,
                     }
                 }
                 wgmma_commit();
+                order.after_commit();
 #pragma unroll
                 for (int i = 0; i < Mma::kAccum; ++i) wgmma_fence_operand(acc[i]);
                 wgmma_wait<0>();
 #pragma unroll
                 for (int i = 0; i < Mma::kAccum; ++i) wgmma_fence_operand(acc[i]);
+                order.after_complete();
                 if (g == kScaleCols - 1 && w == kWaves - 1 && lane == 0) {
                     release_stage<kClusterM>(smem.empty(ring.stage));
                 }
@@ -124,39 +129,48 @@ __device__ __forceinline__ void tile_k_loop(const GroupedGemmParams& p,
     }
 }
 
-// v6: the K loop of a one-wave slice (64 rows x 128 columns) with each scale group's promotion
-// hidden behind the next group's wgmmas. Two accumulator sets alternate: group u + 1 is issued
-// into one before group u's wgmmas are waited for (wait_group 1) and promoted from the other, so
-// the tensor cores have this warpgroup's work queued while it runs the promotion FFMAs. A stage
-// is released once the wgmmas of its last group complete, one group later than in tile_k_loop.
-// Registers: 64 (sum) + 2 x 64 (accumulators), as many as tile_k_loop's two waves.
-template <int kClusterM, int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize>
+// v6/v7: the K loop of a slice (64 rows x kSliceCols) with each promotion hidden behind the next
+// wgmmas. The slice is accumulated in chunks of kChunkN columns, one unit = one scale group of
+// one chunk, and two fresh accumulator sets alternate between units: unit u + 1 is issued into
+// one before unit u's wgmmas are waited for (wait_group 1) and promoted from the other, so the
+// tensor cores have this warpgroup's work queued while it runs the promotion FFMAs. The registers
+// set the chunk: a 128-column slice (64 sum registers) takes two 64-register sets of m64n128
+// (v6), a 256-column slice (128 sum registers) two 32-register sets of m64n64 (v7). A stage is
+// released once the wgmmas of its last unit complete, one unit later than in tile_k_loop.
+template <int kSliceCols, int kChunkN, int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize>
 struct PipelinedKLoop {
-    static_assert(kClusterM == 1, "v6 runs on single CTAs");
     using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>;
-    using Mma = Fp8Mma;
+    using Mma = typename WgmmaE4M3<kChunkN>::type;
+    static constexpr int kChunks = kSliceCols / kChunkN;
     static constexpr int kScaleCols = Layout::kScaleCols;
+    static constexpr int kUnitsPerBlock = kScaleCols * kChunks;
     static constexpr int kMmaPerGroup = kGroupSize / Mma::kK;
+    // Weight scale blocks (128 columns each) the slice spans.
+    static constexpr int kScaleBlocks = kSliceCols / 128;
 
     const GroupedGemmParams& p;
     const Layout& smem;
     RingCursor<kStages>& ring;
-    float (&sum)[Mma::kAccum];
-    u32 a_off, b_off, r_lo, kb = 0;
+    float (&sum)[kChunks][Mma::kAccum];
+    u32 a_off, b_off, r_lo, k_blocks, kb = 0;
     const float* sb_row;
     float acc[2][Mma::kAccum];
-    float sa_lo[kScaleCols], sa_hi[kScaleCols], sb = 0.0f;
-    // The group whose wgmmas are in flight: its scales, and the stage it was the last reader of.
+    float sa_lo[kScaleCols], sa_hi[kScaleCols], sb[kScaleBlocks];
+    // The unit whose wgmmas are in flight: its scales, and the stage it was the last reader of.
     float prev_lo = 0.0f, prev_hi = 0.0f;
     bool prev_releases = false;
     int prev_stage = 0;
 
-    // Issues scale group kG of the current K block into acc[kBuf], then waits for and promotes
-    // the previous group (acc[1 - kBuf]) while these wgmmas run.
-    template <int kBuf, int kG, bool kHasPrev>
-    __device__ __forceinline__ void group() {
-        if constexpr (kG == 0) {
-            sb = __ldg(sb_row + kb);
+    // Issues unit kUnit of the current K block (scale group kUnit / kChunks, chunk
+    // kUnit % kChunks) into acc[kBuf], then waits for and promotes the previous unit
+    // (acc[1 - kBuf]) while these wgmmas run.
+    template <int kBuf, int kUnit, bool kHasPrev>
+    __device__ __forceinline__ void unit() {
+        constexpr int kG = kUnit / kChunks;
+        constexpr int kC = kUnit % kChunks;
+        if constexpr (kUnit == 0) {
+#pragma unroll
+            for (int s = 0; s < kScaleBlocks; ++s) sb[s] = __ldg(sb_row + s * k_blocks + kb);
             wait_full();
             const float* sa = smem.sa(ring.stage);
 #pragma unroll
@@ -166,7 +180,7 @@ struct PipelinedKLoop {
             }
         }
         const u8* a_tile = smem.a(ring.stage) + a_off * Layout::kBlockK;
-        const u8* b_tile = smem.b(ring.stage) + b_off * Layout::kBlockK;
+        const u8* b_tile = smem.b(ring.stage) + (b_off + kC * kChunkN) * Layout::kBlockK;
 #pragma unroll
         for (int i = 0; i < Mma::kAccum; ++i) wgmma_fence_operand(acc[kBuf][i]);
         wgmma_fence();
@@ -181,19 +195,26 @@ struct PipelinedKLoop {
         for (int i = 0; i < Mma::kAccum; ++i) wgmma_fence_operand(acc[kBuf][i]);
         if constexpr (kHasPrev) {
             wgmma_wait<1>();
-            promote<1 - kBuf>();
+            promote<1 - kBuf, (kC + kChunks - 1) % kChunks>();
         }
-        prev_lo = sa_lo[kG] * sb;
-        prev_hi = sa_hi[kG] * sb;
-        prev_releases = kG == kScaleCols - 1;
+        prev_lo = sa_lo[kG] * sb[kC * kChunkN / 128];
+        prev_hi = sa_hi[kG] * sb[kC * kChunkN / 128];
+        prev_releases = kUnit == kUnitsPerBlock - 1;
         prev_stage = ring.stage;
-        if constexpr (kG == kScaleCols - 1) {
+        if constexpr (kUnit == kUnitsPerBlock - 1) {
             ring.advance();
             ++kb;
         }
     }
 
-    // mbarrier_wait on the stage's full barrier, with the previous group's wgmmas in flight:
+    // Every unit of one K block, the first into acc[kFirstBuf].
+    template <int kFirstBuf, bool kFirstBlock, int kUnit = 0>
+    __device__ __forceinline__ void block() {
+        unit<(kFirstBuf + kUnit) % 2, kUnit, !(kFirstBlock && kUnit == 0)>();
+        if constexpr (kUnit + 1 < kUnitsPerBlock) block<kFirstBuf, kFirstBlock, kUnit + 1>();
+    }
+
+    // mbarrier_wait on the stage's full barrier, with the previous unit's wgmmas in flight:
     // the expiry path waits for them itself before it exits, or ptxas would insert that wait
     // on its own and serialize every wgmma of the kernel (C7518). The loop and the expiry are
     // decided per warp (votes), as the aligned wgmma.wait_group needs the whole warp.
@@ -210,58 +231,68 @@ struct PipelinedKLoop {
         }
     }
 
-    // Folds the completed group in acc[kBuf] into the sum and releases its stage if it was the
-    // stage's last reader.
-    template <int kBuf>
+    // Folds the completed unit in acc[kBuf] into chunk kC of the sum and releases its stage if
+    // it was the stage's last reader.
+    template <int kBuf, int kC>
     __device__ __forceinline__ void promote() {
 #pragma unroll
         for (int i = 0; i < Mma::kAccum; ++i) wgmma_fence_operand(acc[kBuf][i]);
         ptx::mbarrier_arrive_if(smem.empty(prev_stage), prev_releases && threadIdx.x % 32 == 0);
 #pragma unroll
         for (int i = 0; i < Mma::kAccum; ++i) {
-            sum[i] = fmaf(acc[kBuf][i], (i & 2) ? prev_hi : prev_lo, sum[i]);
+            sum[kC][i] = fmaf(acc[kBuf][i], (i & 2) ? prev_hi : prev_lo, sum[kC][i]);
         }
     }
 
-    __device__ __forceinline__ void run(u32 k_blocks) {
+    __device__ __forceinline__ void run() {
 #pragma unroll
-        for (int i = 0; i < Mma::kAccum; ++i) sum[i] = 0.0f;
-        // Group u goes to acc[u % 2]: group 0, the pairs (1, 2), (3, 4), ..., and for an even
-        // count a last group into acc[1]. Every branch here is uniform and outside the groups.
-        const u32 groups = k_blocks * kScaleCols;
-        group<0, 0, false>();
-        u32 u = 1;
-        for (; u + 1 < groups; u += 2) {
-            group<1, 1 % kScaleCols, true>();
-            group<0, 0, true>();
+        for (int c = 0; c < kChunks; ++c) {
+#pragma unroll
+            for (int i = 0; i < Mma::kAccum; ++i) sum[c][i] = 0.0f;
         }
-        if (u < groups) {
-            group<1, 1 % kScaleCols, true>();
+        // Unit u goes to acc[u % 2]. With an even count of units per K block every block starts
+        // at acc[0]; with one unit per block (v6, G = 128) blocks alternate, so they run in
+        // pairs and an even block count ends with one more. Every branch here is uniform and
+        // outside the units.
+        block<0, true>();
+        u32 b = 1;
+        if constexpr (kUnitsPerBlock % 2 == 0) {
+            for (; b < k_blocks; ++b) block<0, false>();
             wgmma_wait<0>();
-            promote<1>();
+            promote<1, kChunks - 1>();
         } else {
-            wgmma_wait<0>();
-            promote<0>();
+            for (; b + 1 < k_blocks; b += 2) {
+                block<1, false>();
+                block<0, false>();
+            }
+            if (b < k_blocks) {
+                block<1, false>();
+                wgmma_wait<0>();
+                promote<1, kChunks - 1>();
+            } else {
+                wgmma_wait<0>();
+                promote<0, kChunks - 1>();
+            }
         }
     }
 };
 
-template <int kClusterM, int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize>
+template <int kChunkN, int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, int kChunks, int kAccum>
 __device__ __forceinline__ void tile_k_loop_pipelined(
     const GroupedGemmParams& p, const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>& smem,
-    RingCursor<kStages>& ring, const Tile& t, u32 a_off, u32 b_off, float (&sum)[1][Fp8Mma::kAccum]) {
+    RingCursor<kStages>& ring, const Tile& t, u32 a_off, u32 b_off, float (&sum)[kChunks][kAccum]) {
     using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>;
     const u32 k_blocks = p.k / Layout::kBlockK;
-    PipelinedKLoop<kClusterM, BLOCK_M, BLOCK_N, kStages, kGroupSize> loop{
-        p, smem, ring, sum[0], a_off, b_off,
-        a_off + (threadIdx.x / 32) % 4 * 16 + threadIdx.x % 32 / 4, 0,
+    PipelinedKLoop<kChunks * kChunkN, kChunkN, BLOCK_M, BLOCK_N, kStages, kGroupSize> loop{
+        p, smem, ring, sum, a_off, b_off,
+        a_off + (threadIdx.x / 32) % 4 * 16 + threadIdx.x % 32 / 4, k_blocks, 0,
         reinterpret_cast<const float*>(p.scale_b) +
             (static_cast<u64>(t.expert) * (p.n / 128) + (t.n0 + b_off) / 128) * k_blocks};
-    loop.run(k_blocks);
+    loop.run();
 }
 
 template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, bool kMasked, int kClusterM,
-          bool kARegs, bool kPipelined, typename Epilogue>
+          bool kARegs, bool kPipelined, bool kOrdered, typename Epilogue>
 __device__ void wgmma_consumer(const GroupedGemmParams& p,
                                const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>& smem,
                                u32 wg) {
@@ -276,22 +307,29 @@ __device__ void wgmma_consumer(const GroupedGemmParams& p,
     const u32 a_off = BLOCK_M == 128 ? wg * Mma::kM : 0;
     const u32 b_off = BLOCK_M == 128 ? 0 : wg * kSliceCols;
 
+    // The pipelined K loop accumulates in chunks (see PipelinedKLoop); tile_k_loop in waves.
+    constexpr int kChunkN = kPipelined && kSliceCols == 256 ? 64 : Mma::kN;
+    constexpr int kChunks = kSliceCols / kChunkN;
+    constexpr int kChunkAccum = kChunkN / 2;
+
     Sched sched(smem.rows(), p.num_experts, p.n, p.max_m, p.group_m);
     RingCursor<kStages> ring;
+    WaveOrder<kOrdered> order{smem.wave_done(), smem.wave_issued(), wg};
     Tile t;
     while (sched.next(t)) {
-        float sum[kWaves][Mma::kAccum];
+        float sum[kChunks][kChunkAccum];
         if constexpr (kPipelined) {
-            static_assert(kWaves == 1 && !kARegs, "v6 runs one-wave slices, A from shared memory");
-            tile_k_loop_pipelined<kClusterM>(p, smem, ring, t, a_off, b_off, sum);
+            static_assert(kClusterM == 1 && !kARegs && !kOrdered,
+                          "the pipelined K loop runs on single CTAs, A from shared memory, unordered");
+            tile_k_loop_pipelined<kChunkN>(p, smem, ring, t, a_off, b_off, sum);
         } else {
-            tile_k_loop<kWaves, kClusterM, kARegs>(p, smem, ring, t, a_off, b_off, sum);
+            tile_k_loop<kWaves, kClusterM, kARegs, kOrdered>(p, smem, ring, order, t, a_off, b_off, sum);
         }
         const u32 rows_valid = t.rows_valid > a_off ? t.rows_valid - a_off : 0;
 #pragma unroll
-        for (int w = 0; w < kWaves; ++w) {
-            Epilogue::store(p, smem.staging(wg), wg, t.a_row + a_off, t.n0 + b_off + w * Mma::kN,
-                            rows_valid, sum[w]);
+        for (int c = 0; c < kChunks; ++c) {
+            Epilogue::store(p, smem.staging(wg), wg, t.a_row + a_off, t.n0 + b_off + c * kChunkN,
+                            rows_valid, sum[c]);
         }
     }
     Epilogue::finish();

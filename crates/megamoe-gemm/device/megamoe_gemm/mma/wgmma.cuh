@@ -23,16 +23,14 @@ __device__ __forceinline__ void wgmma_fence_operand(float& r) {
     asm volatile("" : "+f"(r)::"memory");
 }
 
-// The 64 accumulator operands of an m64n128 wgmma, %0..%63.
-#define MEGAMOE_WGMMA_D64(d) \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+// The 32 accumulator operands d[o]..d[o + 31] of a wgmma; an m64n64 wgmma has 32, an m64n128
+// one 64.
+#define MEGAMOE_WGMMA_D32(d, o) \
+    "+f"(d[(o) + 0]), "+f"(d[(o) + 1]), "+f"(d[(o) + 2]), "+f"(d[(o) + 3]), "+f"(d[(o) + 4]), "+f"(d[(o) + 5]), "+f"(d[(o) + 6]), "+f"(d[(o) + 7]), \
+    "+f"(d[(o) + 8]), "+f"(d[(o) + 9]), "+f"(d[(o) + 10]), "+f"(d[(o) + 11]), "+f"(d[(o) + 12]), "+f"(d[(o) + 13]), "+f"(d[(o) + 14]), "+f"(d[(o) + 15]), \
+    "+f"(d[(o) + 16]), "+f"(d[(o) + 17]), "+f"(d[(o) + 18]), "+f"(d[(o) + 19]), "+f"(d[(o) + 20]), "+f"(d[(o) + 21]), "+f"(d[(o) + 22]), "+f"(d[(o) + 23]), \
+    "+f"(d[(o) + 24]), "+f"(d[(o) + 25]), "+f"(d[(o) + 26]), "+f"(d[(o) + 27]), "+f"(d[(o) + 28]), "+f"(d[(o) + 29]), "+f"(d[(o) + 30]), "+f"(d[(o) + 31])
+#define MEGAMOE_WGMMA_D64(d) MEGAMOE_WGMMA_D32(d, 0), MEGAMOE_WGMMA_D32(d, 32)
 
 // D[64x128] (+)= A[64x32] * B[128x32]^T, K-major descriptors. `accumulate` false overwrites D.
 struct WgmmaM64N128K32E4M3 {
@@ -72,6 +70,41 @@ struct WgmmaM64N128K32E4M3 {
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b),
               "r"(static_cast<u32>(accumulate)));
     }
+};
+
+// D[64x64] (+)= A[64x32] * B[64x32]^T, K-major descriptors: the fresh accumulators of the
+// pipelined 64 x 256 slice (sum + two sets of these fit the registers, see fp8_mainloop.cuh).
+struct WgmmaM64N64K32E4M3 {
+    static constexpr int kM = 64;
+    static constexpr int kN = 64;
+    static constexpr int kK = 32;
+    static constexpr int kAccum = kM * kN / 128;
+
+    __device__ __forceinline__ static void mma(u64 desc_a, u64 desc_b, float (&d)[kAccum],
+                                               bool accumulate) {
+        asm volatile(
+            "{\n"
+            ".reg .pred p;\n"
+            "setp.ne.b32 p, %34, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3\n"
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31},\n"
+            "%32, %33, p, 1, 1;\n"
+            "}\n"
+            : MEGAMOE_WGMMA_D32(d, 0)
+            : "l"(desc_a), "l"(desc_b), "r"(static_cast<u32>(accumulate)));
+    }
+};
+
+// The wgmma of an N-column accumulator chunk.
+template <int N>
+struct WgmmaE4M3;
+template <>
+struct WgmmaE4M3<64> {
+    using type = WgmmaM64N64K32E4M3;
+};
+template <>
+struct WgmmaE4M3<128> {
+    using type = WgmmaM64N128K32E4M3;
 };
 
 }  // namespace megamoe::gemm

@@ -12,6 +12,8 @@ namespace megamoe::gemm {
 enum WaitId : u32 {
     kWaitFull = 1,   // consumer waiting for a stage's TMA data
     kWaitEmpty = 2,  // producer waiting for consumers to release a stage
+    kWaitWaveDone = 3,    // ordered waves: warpgroup 1 waiting for warpgroup 0's wave to complete
+    kWaitWaveIssued = 4,  // ordered waves: warpgroup 0 waiting for warpgroup 1 to issue its wave
 };
 
 // Waits for the phase of `parity` to complete; on deadline records `id` and exits the thread.

@@ -6,13 +6,15 @@
 # each launch (DeepGEMM's benchmark protocol); the SM clock and board power sampled throughout;
 # one Nsight Compute profile of the last arm at L1 512 rows while time is left; the short table
 # last. Each step's timeout is cut to the time left, so the table always comes.
-# usage: scripts/gemm_arms_session.sh MEGAMOE_BINARY OUT_DIR ARM_FLAG VALUES
-#   e.g. scripts/gemm_arms_session.sh target/release/megamoe out --ordered false,true
+# usage: scripts/gemm_arms_session.sh MEGAMOE_BINARY OUT_DIR ARM_FLAG VALUES [all|large]
+#   e.g. scripts/gemm_arms_session.sh target/release/megamoe out --pipelined false,true
+#   `large` leaves out the 32-row cases (for arms that exist only on 128-row tiles).
 set -u
 bin=$(realpath "$1")
 out=$2
 arm_flag=$3
 arm_values=$4
+sizes=${5:-all}
 last_arm="$arm_flag ${arm_values##*,}"
 mkdir -p "$out"
 export MEGAMOE_JIT_CACHE_DIR
@@ -64,9 +66,11 @@ bench 50 --shape l1 --rows-per-expert 192,512,1024 --pad 128
 bench 40 --shape l2 --rows-per-expert 192,512,1024 --pad 128
 bench 40 --shape l1 --rows-per-expert 512,1024 --pad 128 --flush-l2
 bench 30 --shape l2 --rows-per-expert 512,1024 --pad 128 --flush-l2
-bench 20 --shape l1 --rows-per-expert 32 --pad 64
-bench 20 --shape l1 --rows-per-expert 32 --layout masked
-bench 20 --shape l2 --rows-per-expert 32 --layout masked
+if [ "$sizes" = all ]; then
+  bench 20 --shape l1 --rows-per-expert 32 --pad 64
+  bench 20 --shape l1 --rows-per-expert 32 --layout masked
+  bench 20 --shape l2 --rows-per-expert 32 --layout masked
+fi
 
 t=$(budget 60)
 if [ "$t" -gt 20 ] && command -v ncu >/dev/null; then
@@ -79,7 +83,7 @@ fi
 [ -n "${smi:-}" ] && kill "$smi" 2>/dev/null
 
 python3 - "$out" <<'PY'
-import sys, json
+import sys, json, re
 out = sys.argv[1]
 try:
     rows = [json.loads(l) for l in open(f"{out}/results.jsonl")]
@@ -87,8 +91,8 @@ except FileNotFoundError:
     rows = []
 def arm(r):
     k = r["kernel"]
-    tile = "128x128" if "_m128_n128_" in k else "128x256" if "_m128_n256_" in k else "64x256"
-    tags = [t for t in ("masked", "c2", "areg", "pipe", "ord") if f"_{t}" in k]
+    tile = "x".join(re.search(r"_m(\d+)_n(\d+)_", k).groups())
+    tags = [t for t in ("masked", "c2", "areg", "pipe") if f"_{t}" in k]
     return " ".join([tile] + tags)
 # Every row against the first arm of the same case (shape, rows, layout, flush) in this run.
 print("\n| shape | rows | L2 flush | arm | µs | TFLOP/s | ×floor | vs first arm | DeepGEMM µs |")

@@ -35,8 +35,6 @@ pub struct BenchResult {
 pub struct BenchOptions {
     pub warmup: usize,
     pub iters: usize,
-    /// Another BLOCK_N than the heuristic's.
-    pub block_n: Option<usize>,
     /// Stores tiles straight from registers instead of through TMA.
     pub direct_store: bool,
     /// Another `group_m` than the heuristic's.
@@ -52,13 +50,15 @@ pub const L2_FLUSH_BYTES: usize = 256 << 20;
 /// One arm of an interleaved comparison: the heuristic's kernel with these overrides.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Arm {
+    /// Another BLOCK_N than the heuristic's.
+    pub block_n: Option<usize>,
     /// CTAs per cluster sharing the weight tile (see `GemmConfig::cluster_m`).
     pub cluster_m: Option<usize>,
     /// wgmma A operand from registers (see `GemmConfig::a_regs`).
     pub a_regs: bool,
-    /// v6/v7: promotion overlapping the next wgmmas (see `GemmConfig::pipelined`).
+    /// v6: promotion overlapping the next group's wgmmas (see `GemmConfig::pipelined`).
     pub pipelined: bool,
-    /// v8: ordered waves (see `GemmConfig::ordered`).
+    /// v9: ordered waves (see `GemmConfig::ordered`).
     pub ordered: bool,
 }
 
@@ -70,7 +70,7 @@ fn arm_config(
     arm: &Arm,
 ) -> Result<GemmConfig> {
     let mut config = choose(problem, gpu.props().sm_count as usize)?;
-    if let Some(bn) = opts.block_n {
+    if let Some(bn) = arm.block_n {
         config = with_block_n(config, problem, bn).ok_or_else(|| GemmError::Shape {
             arg: "block_n",
             reason: format!(

@@ -89,7 +89,7 @@ pub fn gpu_checks(sms: usize) -> Vec<GpuCheck> {
             name: format!("gemm {}", config.kernel_name()),
             run: Box::new(move |gpu: &Gpu| {
                 let (problem, rows) = check_problem(&config);
-                // v6 at G = 128 ends its K loop differently for an odd and an even count of K blocks
+                // v6 ends its K loop differently for an odd and an even count of scale groups
                 // (check_problem's K has an odd count of K blocks): both are checked.
                 let extra_k_blocks = if config.pipelined { 2 } else { 1 };
                 let mut summaries = Vec::new();

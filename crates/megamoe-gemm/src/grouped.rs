@@ -8,7 +8,7 @@ use megamoe_cuda::{
 };
 
 use crate::error::{GemmError, Result};
-use crate::heuristics::{validate, GemmConfig, GemmProblem, Layout, OutDtype};
+use crate::heuristics::{block_n_tiles, validate, GemmConfig, GemmProblem, Layout, OutDtype};
 use crate::kernel::{kernel_spec, THREADS};
 use crate::params::GroupedGemmParams;
 
@@ -113,7 +113,7 @@ impl GroupedGemm {
                 ),
             });
         }
-        if problem.n % config.block_n != 0 {
+        if !block_n_tiles(problem.n, config.block_n) {
             return Err(GemmError::Shape {
                 arg: "n",
                 reason: format!(
@@ -231,8 +231,6 @@ impl GroupedGemm {
         let what = match word & 0xFFFF {
             1 => "consumer waiting for a stage's TMA data (full barrier)",
             2 => "producer waiting for a free stage (empty barrier)",
-            3 => "consumer warpgroup 1 waiting for warpgroup 0's wave (ordered waves)",
-            4 => "consumer warpgroup 0 waiting for warpgroup 1's issue (ordered waves)",
             _ => "unknown wait",
         };
         Err(GemmError::DeviceTimeout {

@@ -1,15 +1,17 @@
 //! Block sizes, pipeline depth and grid of the grouped GEMM, chosen in pure Rust.
 //!
-//! Three tile shapes exist, all made of m64n128k32 wgmma waves of two consumer warpgroups:
-//! 128 x 256 (warpgroups split the rows, two waves each) for prefill-sized groups, because every
-//! K block then moves 48 KiB through shared memory for 8.4 MFLOP instead of 32 KiB for 4.2;
-//! 128 x 128 when N is not a multiple of 256; and 64 x 256 (warpgroups split the columns) when
-//! experts hold few rows, where a 128-row block would mostly multiply padding. Stages fill the
+//! Four tile shapes exist, made of m64n128k32 (or m64n192k32) wgmma waves of two consumer
+//! warpgroups: 128 x 256 (warpgroups split the rows, two waves each) for prefill-sized groups,
+//! because every K block then moves 48 KiB through shared memory for 8.4 MFLOP instead of 32 KiB
+//! for 4.2; 128 x 192 (one m64n192 wave per warpgroup: one wgmma drain and promotion per K block
+//! instead of two, at the cost of a partial last n-block when 192 does not divide N); 128 x 128
+//! when N is not a multiple of 256; and 64 x 256 (warpgroups split the columns) when experts hold
+//! few rows, where a 128-row block would mostly multiply padding. Stages fill the
 //! shared memory; the grid is one CTA per SM. The 128 x 256 tile also exists on clusters of two
 //! CTAs that multicast the weight tile (`cluster_m`) and with the wgmma A operand from registers
-//! (`a_regs`), benchmark knobs not chosen here. Every tile also exists with each promotion
-//! overlapping the next wgmmas (`pipelined`: v6 on the one-wave tiles, v7 on 128 x 256), a
-//! benchmark knob not chosen here either.
+//! (`a_regs`), benchmark knobs not chosen here. The one-wave tiles (128 x 128 and 64 x 256) also
+//! exist with the promotion of each scale group overlapping the next group's wgmmas
+//! (`pipelined`, v6), a benchmark knob not chosen here either.
 
 use crate::error::GemmError;
 
@@ -21,7 +23,13 @@ pub const MAX_EXPERTS: usize = 1024;
 pub const MAX_STAGES: usize = 8;
 const BLOCK_K: usize = 128;
 /// Every (BLOCK_M, BLOCK_N) the kernel is instantiated with.
-pub const TILE_SHAPES: [(usize, usize); 3] = [(128, 256), (128, 128), (64, 256)];
+pub const TILE_SHAPES: [(usize, usize); 4] = [(128, 256), (128, 192), (128, 128), (64, 256)];
+
+/// Whether a BLOCK_N tiles N: 128 and 256 must divide it; a 192-column tile may leave a partial
+/// last n-block (N is a multiple of 128, so at most 128 of its columns are past N).
+pub fn block_n_tiles(n: usize, block_n: usize) -> bool {
+    block_n == 192 || n % block_n == 0
+}
 
 /// How the rows of the activations are grouped by expert.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -82,14 +90,12 @@ pub struct GemmConfig {
     /// The wgmmas take A from registers, loaded with ldmatrix once per scale group for both of
     /// a warpgroup's 128-column waves (128 x 256 tiles only; a benchmark knob, not chosen here).
     pub a_regs: bool,
-    /// Each promotion overlaps the next wgmmas, through a second set of fresh accumulators: v6
-    /// on the one-wave tiles (128 x 128, 64 x 256; m64n128 sets), v7 on the 128 x 256 tile
-    /// (m64n64 sets, as two m64n128 sets do not fit next to its 128-register sum); single CTAs,
-    /// A from shared memory; a benchmark knob, not chosen here.
+    /// v6: each scale group's promotion overlaps the next group's wgmmas, through a second
+    /// accumulator set (one-wave tiles, 128 x 128 and 64 x 256, only: the 128 x 256 tile has no
+    /// registers for it; a benchmark knob, not chosen here).
     pub pipelined: bool,
-    /// v8: the two consumer warpgroups take turns on the tensor cores, warpgroup 1 issuing each
-    /// wave once warpgroup 0's has completed, so that one promotes while the other's wave runs
-    /// (not with `pipelined`; a benchmark knob, not chosen here).
+    /// v9: the two consumer warpgroups issue their waves in turn, so that one's wave still runs
+    /// while the other promotes (not with `pipelined`; a benchmark knob, not chosen here).
     pub ordered: bool,
     pub ctas: usize,
 }
@@ -130,7 +136,7 @@ impl GemmConfig {
 pub fn smem_bytes(block_m: usize, block_n: usize, stages: usize, group_size: usize) -> usize {
     let per_stage = block_m * BLOCK_K + block_n * BLOCK_K + (BLOCK_K / group_size) * block_m * 4;
     let staging = 2 * 64 * 64 * 2;
-    stages * per_stage + staging + (2 * stages + 2) * 8 + MAX_EXPERTS * 4
+    stages * per_stage + staging + 2 * stages * 8 + 8 + MAX_EXPERTS * 4
 }
 
 /// Whether the TMA-store epilogue applies (see `GemmConfig::tma_store`).
@@ -229,7 +235,7 @@ pub fn choose(p: &GemmProblem, sms: usize) -> Result<GemmConfig, GemmError> {
 /// tile shape does not exist or does not divide `p.n`.
 pub fn with_block_n(config: GemmConfig, p: &GemmProblem, block_n: usize) -> Option<GemmConfig> {
     let shape = (config.block_m, block_n);
-    if !TILE_SHAPES.contains(&shape) || p.n % block_n != 0 {
+    if !TILE_SHAPES.contains(&shape) || !block_n_tiles(p.n, block_n) {
         return None;
     }
     Some(GemmConfig {
@@ -260,44 +266,58 @@ pub fn with_a_regs(config: GemmConfig, a_regs: bool) -> Option<GemmConfig> {
     exists.then_some(GemmConfig { a_regs, ..config })
 }
 
-/// `config` with (v6/v7) or without the promotion overlapping the next wgmmas, or None where
-/// that does not exist (clusters, A from registers).
+/// `config` with (v6) or without the promotion overlapping the next group's wgmmas, or None
+/// where that does not exist (clusters, A from registers). A 128 x 256 tile becomes 128 x 128:
+/// v6 needs a second 64-register accumulator set, which fits next to a one-wave running sum
+/// (64 registers) but not next to the 128 x 256 tile's two waves (128).
 pub fn with_pipelined(config: GemmConfig, pipelined: bool) -> Option<GemmConfig> {
-    let exists = !pipelined || (config.cluster_m == 1 && !config.a_regs);
-    exists.then_some(GemmConfig {
+    if !pipelined {
+        return Some(GemmConfig {
+            pipelined,
+            ..config
+        });
+    }
+    if config.cluster_m != 1 || config.a_regs {
+        return None;
+    }
+    let block_n = if config.block_m == 128 {
+        128
+    } else {
+        config.block_n
+    };
+    Some(GemmConfig {
+        block_n,
+        stages: max_stages(config.block_m, block_n, config.group_size),
         pipelined,
         ..config
     })
 }
 
-/// `config` with (v8) or without ordered waves, or None where that does not exist (with the
-/// pipelined K loop, which has no waves to order).
+/// `config` with (v9) or without ordered waves, or None where that does not exist (with the
+/// pipelined K loop, which keeps its own wgmmas queued).
 pub fn with_ordered(config: GemmConfig, ordered: bool) -> Option<GemmConfig> {
     let exists = !ordered || !config.pipelined;
     exists.then_some(GemmConfig { ordered, ..config })
 }
 
 /// Every configuration `choose` can return (and the clustered and A-from-registers variants of
-/// the 128 x 256 tile, and the pipelined and ordered variants of every tile), for
-/// compile-everything checks.
+/// the 128 x 256 tile, the v6 variants of the one-wave tiles and the v9 variants of the tiles
+/// `choose` prefers), for compile-everything checks.
 pub fn all_configs(sms: usize) -> Vec<GemmConfig> {
     let mut out = Vec::new();
-    // (tile, cluster_m, a_regs, pipelined, ordered)
-    let variants = TILE_SHAPES
+    for (block_m, block_n, cluster_m, a_regs, pipelined, ordered) in TILE_SHAPES
+        .map(|(m, n)| (m, n, 1, false, false, false))
         .into_iter()
-        .flat_map(|tile| {
-            [
-                (tile, 1, false, false, false),
-                (tile, 1, false, true, false),
-                (tile, 1, false, false, true),
-            ]
-        })
         .chain([
-            ((128, 256), 2, false, false, false),
-            ((128, 256), 1, true, false, false),
-            ((128, 256), 2, true, false, false),
-        ]);
-    for ((block_m, block_n), cluster_m, a_regs, pipelined, ordered) in variants {
+            (128, 256, 2, false, false, false),
+            (128, 256, 1, true, false, false),
+            (128, 256, 2, true, false, false),
+            (128, 128, 1, false, true, false),
+            (64, 256, 1, false, true, false),
+            (128, 256, 1, false, false, true),
+            (64, 256, 1, false, false, true),
+        ])
+    {
         for group_size in [128, 64] {
             for masked in [false, true] {
                 for dtype in [OutDtype::Bf16, OutDtype::F32] {
@@ -402,13 +422,13 @@ mod tests {
     }
 
     #[test]
-    fn pipelined_promotion_keeps_the_tile_and_exists_only_on_single_ctas_with_a_from_smem() {
+    fn pipelined_promotion_exists_only_for_one_wave_tiles() {
         let p = problem(512, Layout::Contiguous { pad: 128 }, 128);
         let c = choose(&p, 132).unwrap();
         assert!(!c.pipelined);
-        let v7 = with_pipelined(c, true).unwrap();
-        assert_eq!((v7.block_m, v7.block_n, v7.stages), (128, 256, 4));
-        assert!(v7.kernel_name().ends_with("_tma_pipe"));
+        let v6 = with_pipelined(c, true).unwrap();
+        assert_eq!((v6.block_m, v6.block_n, v6.stages), (128, 128, 6));
+        assert!(v6.kernel_name().ends_with("_tma_pipe"));
         assert_eq!(with_pipelined(c, false), Some(c));
         let small = choose(&problem(32, Layout::Masked { max_m: 32 }, 128), 132).unwrap();
         let v6 = with_pipelined(small, true).unwrap();
@@ -416,39 +436,38 @@ mod tests {
         assert!(with_pipelined(with_cluster(c, &p, 2).unwrap(), true).is_none());
         assert!(with_pipelined(with_a_regs(c, true).unwrap(), true).is_none());
         let configs = all_configs(132);
-        assert_eq!(configs.iter().filter(|c| c.pipelined).count(), 30);
-        // Every pipelined configuration is its base configuration with the flag set.
-        for piped in configs.iter().filter(|c| c.pipelined) {
+        assert_eq!(configs.iter().filter(|c| c.pipelined).count(), 20);
+        // Every v6 configuration is its one-wave base configuration with the flag set.
+        for v6 in configs.iter().filter(|c| c.pipelined) {
             let base = GemmConfig {
                 pipelined: false,
-                ..*piped
+                ..*v6
             };
-            assert!(configs.contains(&base), "{piped:?}");
-            assert_eq!(with_pipelined(base, true), Some(*piped));
+            assert!(configs.contains(&base), "{v6:?}");
+            assert_eq!(with_pipelined(base, true), Some(*v6));
         }
     }
 
     #[test]
-    fn ordered_waves_exist_for_every_tile_but_not_with_the_pipelined_loop() {
+    fn ordered_waves_keep_the_tile_and_exist_without_the_pipelined_loop() {
         let p = problem(512, Layout::Contiguous { pad: 128 }, 128);
         let c = choose(&p, 132).unwrap();
         assert!(!c.ordered);
-        let v8 = with_ordered(c, true).unwrap();
+        let v9 = with_ordered(c, true).unwrap();
         assert_eq!(
-            (v8.block_m, v8.block_n, v8.stages),
+            (v9.block_m, v9.block_n, v9.stages),
             (c.block_m, c.block_n, c.stages)
         );
-        assert!(v8.kernel_name().ends_with("_tma_ord"));
+        assert!(v9.kernel_name().ends_with("_tma_ord"));
         assert!(with_ordered(with_pipelined(c, true).unwrap(), true).is_none());
         let configs = all_configs(132);
-        assert_eq!(configs.iter().filter(|c| c.ordered).count(), 30);
-        for v8 in configs.iter().filter(|c| c.ordered) {
+        assert_eq!(configs.iter().filter(|c| c.ordered).count(), 20);
+        for v9 in configs.iter().filter(|c| c.ordered) {
             let base = GemmConfig {
                 ordered: false,
-                ..*v8
+                ..*v9
             };
-            assert!(configs.contains(&base), "{v8:?}");
-            assert!(!v8.pipelined);
+            assert!(configs.contains(&base), "{v9:?}");
         }
     }
 

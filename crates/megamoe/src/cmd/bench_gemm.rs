@@ -40,9 +40,11 @@ pub struct BenchGemmArgs {
     pub iters: usize,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Overrides the heuristic's BLOCK_N (tuning knob).
-    #[arg(long)]
-    pub block_n: Option<usize>,
+    /// Overrides the heuristic's BLOCK_N (128, 192 or 256; tuning knob); a comma-separated
+    /// list runs each case once per value (and per cluster size, A source and K loop),
+    /// interleaved on the same operands.
+    #[arg(long, value_delimiter = ',')]
+    pub block_n: Vec<usize>,
     /// Stores tiles straight from registers instead of through TMA (tuning knob).
     #[arg(long)]
     pub direct_store: bool,
@@ -61,14 +63,14 @@ pub struct BenchGemmArgs {
     /// comma-separated list runs each case once per value (and per cluster size), interleaved.
     #[arg(long, value_delimiter = ',')]
     pub a_regs: Vec<bool>,
-    /// v6/v7: each promotion overlaps the next wgmmas (true/false; same tile, single CTAs, A
-    /// from shared memory; tuning knob); a comma-separated list runs each case once per value
-    /// (and per cluster size and A source), interleaved.
+    /// v6: each scale group's promotion overlaps the next group's wgmmas (true/false; one-wave
+    /// tiles: a 128 x 256 tile becomes 128 x 128; tuning knob); a comma-separated list runs each
+    /// case once per value (and per cluster size and A source), interleaved.
     #[arg(long, value_delimiter = ',')]
     pub pipelined: Vec<bool>,
-    /// v8: the consumer warpgroups take turns on the tensor cores (true/false; not with
-    /// --pipelined true; tuning knob); a comma-separated list runs each case once per value
-    /// (and per cluster size, A source and K loop), interleaved.
+    /// v9: the consumer warpgroups issue their waves in turn (true/false; not with --pipelined
+    /// true; tuning knob); a comma-separated list runs each case once per value (and per tile
+    /// width, cluster size, A source and K loop), interleaved.
     #[arg(long, value_delimiter = ',')]
     pub ordered: Vec<bool>,
     /// Writes a 256 MiB buffer before every timed launch (outside its events), so each launch
@@ -134,17 +136,26 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
     } else {
         args.pipelined.clone()
     };
+    let block_ns: Vec<Option<usize>> = if args.block_n.is_empty() {
+        vec![None]
+    } else {
+        args.block_n.iter().map(|&b| Some(b)).collect()
+    };
     let ordered = if args.ordered.is_empty() {
         vec![false]
     } else {
         args.ordered.clone()
     };
     let mut arms = Vec::new();
-    for &cluster_m in &clusters {
+    for (&block_n, &cluster_m) in block_ns
+        .iter()
+        .flat_map(|b| clusters.iter().map(move |c| (b, c)))
+    {
         for &a_regs in &a_regs {
             for &pipelined in &pipelined {
                 for &ordered in &ordered {
                     arms.push(Arm {
+                        block_n,
                         cluster_m,
                         a_regs,
                         pipelined,
@@ -183,7 +194,6 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
         let opts = BenchOptions {
             warmup: 3,
             iters: args.iters,
-            block_n: args.block_n,
             direct_store: args.direct_store,
             group_m: args.group_m,
             flush_l2: args.flush_l2,
@@ -237,6 +247,7 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
                     },
                     "cluster_m": arm.cluster_m.unwrap_or(1), "a_regs": arm.a_regs,
                     "pipelined": arm.pipelined, "ordered": arm.ordered, "flush_l2": args.flush_l2,
+                    "block_n": arm.block_n,
                     "rows_per_expert": mean, "n": n, "k": k, "group_sizes": rows,
                     "us": r.median_us, "tflops": r.tflops, "floor_us": r.floor_us,
                     "weight_floor_us": r.weight_floor_us, "deepgemm_us": deepgemm, "kernel": r.kernel,

@@ -34,6 +34,8 @@ struct StoreRows {
             Out* dst = static_cast<Out*>(out) + static_cast<u64>(row0 + row) * ld + col0 + c;
 #pragma unroll
             for (int j = 0; j < kAccum / 4; ++j) {
+                // A partial last n-tile (192-column tiles) ends at N.
+                if (col0 + 8 * j >= ld) break;
                 const float v0 = acc[4 * j + 2 * half];
                 const float v1 = acc[4 * j + 2 * half + 1];
                 if constexpr (sizeof(Out) == 2) {
@@ -81,7 +83,8 @@ struct TmaStoreBf16 {
             }
             ptx::fence_proxy_async_shared();
             named_barrier_sync(bar, 128);
-            if (leader) {
+            // A partial last n-tile (192-column tiles) ends at N: its halves past N stay home.
+            if (leader && col0 + 64 * half < p.n) {
                 ptx::tma_store_2d(&p.tma_d, staging, static_cast<i32>(col0 + 64 * half),
                                   static_cast<i32>(row0));
                 ptx::bulk_commit_group();

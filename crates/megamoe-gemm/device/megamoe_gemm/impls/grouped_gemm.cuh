@@ -4,7 +4,7 @@
 // kARegs: the wgmmas take A from registers (ldmatrix once per scale group, see tile_k_loop).
 // kPipelined (v6): each scale group's promotion overlaps the next group's wgmmas (one-wave
 // slices only, see tile_k_loop_pipelined).
-// kOrdered (v8): the two consumer warpgroups take turns on the tensor cores (wave_order.cuh).
+// kOrdered (v9): the two consumer warpgroups issue their waves in turn (wave_order.cuh).
 // Instantiated per configuration by a generated translation unit (src/kernel.rs).
 #pragma once
 #include <megamoe/ptx/mbarrier.cuh>
@@ -45,8 +45,7 @@ __device__ __forceinline__ void grouped_gemm_fp8(const GroupedGemmParams& p) {
             ptx::mbarrier_init(smem.full(s), 1);
             ptx::mbarrier_init(smem.empty(s), kMathWarps * kClusterM);
         }
-        ptx::mbarrier_init(smem.wave_done(), kMathWarps / 2);
-        ptx::mbarrier_init(smem.wave_issued(), kMathWarps / 2);
+        *smem.abort_flag() = 0;
         ptx::fence_barrier_init();
     }
     if constexpr (kClusterM > 1) {

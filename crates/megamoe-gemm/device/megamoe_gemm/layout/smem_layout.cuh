@@ -1,6 +1,6 @@
 // Shared-memory plan of the grouped GEMM: kStages ring slots of {A tile, B tile}, the epilogue's
-// staging tile per consumer warpgroup, the ring's activation scales, the full/empty barriers
-// and the two barriers of the ordered waves (wave_order.cuh), then the per-expert row counts. Mirrored by
+// staging tile per consumer warpgroup, the ring's activation scales, the full/empty barriers,
+// the ordered waves' abort flag (wave_order.cuh), then the per-expert row counts. Mirrored by
 // `smem_bytes` in src/heuristics.rs.
 #pragma once
 #include <megamoe/common.cuh>
@@ -24,7 +24,8 @@ struct SmemLayout {
     static constexpr u32 kStagingOffset = kBOffset + kStages * kBBytes;
     static constexpr u32 kSaOffset = kStagingOffset + 2 * kStagingBytes;
     static constexpr u32 kBarOffset = kSaOffset + kStages * kSaBytes;
-    static constexpr u32 kRowsOffset = kBarOffset + (2 * kStages + 2) * 8;
+    static constexpr u32 kAbortOffset = kBarOffset + 2 * kStages * 8;
+    static constexpr u32 kRowsOffset = kAbortOffset + 8;
     static constexpr u32 kBytes = kRowsOffset + kMaxExperts * 4;
 
     static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "swizzle atoms need 1 KiB alignment");
@@ -37,8 +38,7 @@ struct SmemLayout {
     __device__ float* sa(int s) const { return reinterpret_cast<float*>(base + kSaOffset + s * kSaBytes); }
     __device__ u64* full(int s) const { return reinterpret_cast<u64*>(base + kBarOffset) + s; }
     __device__ u64* empty(int s) const { return reinterpret_cast<u64*>(base + kBarOffset) + kStages + s; }
-    __device__ u64* wave_done() const { return reinterpret_cast<u64*>(base + kBarOffset) + 2 * kStages; }
-    __device__ u64* wave_issued() const { return wave_done() + 1; }
+    __device__ volatile u32* abort_flag() const { return reinterpret_cast<u32*>(base + kAbortOffset); }
     __device__ i32* rows() const { return reinterpret_cast<i32*>(base + kRowsOffset); }
 };
 

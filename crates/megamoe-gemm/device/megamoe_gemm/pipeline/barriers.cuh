@@ -4,6 +4,7 @@
 #pragma once
 #include <megamoe/common.cuh>
 #include <megamoe/ptx/mbarrier.cuh>
+#include <megamoe/ptx/sync.cuh>
 #include <megamoe/ptx/timer.cuh>
 
 namespace megamoe::gemm {
@@ -12,8 +13,6 @@ namespace megamoe::gemm {
 enum WaitId : u32 {
     kWaitFull = 1,   // consumer waiting for a stage's TMA data
     kWaitEmpty = 2,  // producer waiting for consumers to release a stage
-    kWaitWaveDone = 3,    // ordered waves: warpgroup 1 waiting for warpgroup 0's wave to complete
-    kWaitWaveIssued = 4,  // ordered waves: warpgroup 0 waiting for warpgroup 1 to issue its wave
 };
 
 // Waits for the phase of `parity` to complete; on deadline records `id` and exits the thread.
@@ -29,11 +28,29 @@ __device__ __forceinline__ void mbarrier_wait(u64* bar, u32 parity, u32* error, 
     }
 }
 
+// The same wait decided per warp (votes), for a warp that does warpgroup-collective work after
+// it: the whole warp leaves together, and on expiry runs on_expiry() (converged) before it exits.
+template <typename OnExpiry>
+__device__ __forceinline__ void mbarrier_wait_warp(u64* bar, u32 parity, u32* error, u64 timeout_ns,
+                                                   WaitId id, OnExpiry on_expiry) {
+    if (__all_sync(~0u, ptx::mbarrier_try_wait_parity(bar, parity))) return;
+    const u64 start = ptx::globaltimer_ns();
+    while (!__all_sync(~0u, ptx::mbarrier_try_wait_parity(bar, parity))) {
+        if (__any_sync(~0u, ptx::globaltimer_ns() - start > timeout_ns)) {
+            atomicCAS(error, 0u, 0x80000000u | static_cast<u32>(id));
+            on_expiry();
+            asm volatile("exit;");
+        }
+    }
+}
+
 // Every named barrier of the grouped GEMM kernels. Id 0 is __syncthreads.
 enum class NamedBarrier : u32 {
     kBlock = 0,
-    kEpilogueWg0 = 1,  // consumer warpgroup 0 staging its tile for a TMA store
-    kEpilogueWg1 = 2,  // consumer warpgroup 1, likewise
+    kEpilogueWg0 = 1,   // consumer warpgroup 0 staging its tile for a TMA store
+    kEpilogueWg1 = 2,   // consumer warpgroup 1, likewise
+    kWaveIssuedWg0 = 3, // ordered waves: warpgroup 0 has issued its next wave
+    kWaveIssuedWg1 = 4, // ordered waves: warpgroup 1 has issued its next wave
 };
 
 __device__ __forceinline__ NamedBarrier epilogue_barrier(u32 wg) {
@@ -42,6 +59,10 @@ __device__ __forceinline__ NamedBarrier epilogue_barrier(u32 wg) {
 
 __device__ __forceinline__ void named_barrier_sync(NamedBarrier id, u32 threads) {
     ptx::named_barrier_sync(static_cast<u32>(id), threads);
+}
+
+__device__ __forceinline__ void named_barrier_arrive(NamedBarrier id, u32 threads) {
+    ptx::named_barrier_arrive(static_cast<u32>(id), threads);
 }
 
 }  // namespace megamoe::gemm

@@ -1,53 +1,73 @@
-// v8, ordered waves: the two consumer warpgroups of a CTA share the tensor cores, and when both
-// have a wave in flight the waves progress together, finish together and leave the tensor
-// cores idle while both warpgroups promote. Here warpgroup 1 issues each wave only once
-// warpgroup 0's same wave has completed, and warpgroup 0 issues a wave only once warpgroup 1 has
-// issued the previous one. The two then stay half a wave apart: one warpgroup's promotion runs
-// while the other's wave has the tensor cores to itself, at no register cost. Waves are counted
-// over the whole persistent loop (both warpgroups walk the same tiles), so each barrier is at
-// most one phase ahead of its waiter. The waits are mbarrier waits with the kernel's deadline,
-// so a warpgroup that ends on an expired wait cannot hang the other.
+// v9, ordered waves: the two consumer warpgroups of a CTA take turns. The tensor cores share
+// two queued waves out evenly, so two waves issued together finish together, and then both
+// warpgroups promote (drain, 64 FFMAs per thread each, next issue) while the tensor cores have
+// nothing to do. Here a warpgroup promotes its finished wave only once its partner has the next
+// wave of the turn order queued: warpgroup 0 promotes wave i once warpgroup 1 has issued wave
+// i, warpgroup 1 promotes wave i once warpgroup 0 has issued wave i + 1. The promotions then
+// alternate, each one running while the other warpgroup's wave has the tensor cores.
+// The turns are named barriers (a few cycles, where an mbarrier round trip costs a wave's
+// share). A warpgroup whose full-barrier wait expires must not leave its partner in a named
+// barrier: it raises the CTA's abort flag and arrives for the wave it will never issue; a
+// warpgroup released by a barrier checks the flag and ends too. Waves are counted over the
+// whole persistent loop (both warpgroups walk the same tiles); neither warpgroup gets more than
+// one wave ahead, so every arrival meets exactly one wait.
 #pragma once
-#include <megamoe/ptx/mbarrier.cuh>
+#include <megamoe/ptx/sync.cuh>
 #include <megamoe_gemm/pipeline/barriers.cuh>
-#include <megamoe_gemm/impls/grouped_gemm_params.cuh>
 
 namespace megamoe::gemm {
 
 template <bool kEnabled>
 struct WaveOrder {
-    u64* done;    // warpgroup 0's wave completed: one arrival per warp of warpgroup 0
-    u64* issued;  // warpgroup 1's wave issued: one arrival per warp of warpgroup 1
+    volatile u32* abort;  // in shared memory, zeroed before the consumers start
     u32 wg;
-    u32 done_phase = 0, issued_phase = 0;
     bool first = true;
 
-    // Before a warpgroup issues its next wave (no wgmma of its own in flight).
-    __device__ __forceinline__ void before_issue(const GroupedGemmParams& p) {
+    static constexpr u32 kThreads = 256;
+
+    __device__ __forceinline__ NamedBarrier mine() const {
+        return wg == 0 ? NamedBarrier::kWaveIssuedWg0 : NamedBarrier::kWaveIssuedWg1;
+    }
+
+    // Waits for the partner's next issue in the turn order; ends if the partner gave up.
+    __device__ __forceinline__ void wait_partner() {
+        named_barrier_sync(wg == 0 ? NamedBarrier::kWaveIssuedWg1 : NamedBarrier::kWaveIssuedWg0,
+                           kThreads);
+        if (*abort) asm volatile("exit;");
+    }
+
+    // Before this warpgroup issues a wave: warpgroup 1's first wave follows warpgroup 0's.
+    __device__ __forceinline__ void before_issue() {
         if constexpr (kEnabled) {
-            u32* error = reinterpret_cast<u32*>(p.error);
-            if (wg == 1) {
-                mbarrier_wait(done, done_phase, error, p.timeout_ns, kWaitWaveDone);
-                done_phase ^= 1;
-            } else if (!first) {
-                mbarrier_wait(issued, issued_phase, error, p.timeout_ns, kWaitWaveIssued);
-                issued_phase ^= 1;
-            }
+            if (wg == 1 && first) wait_partner();
             first = false;
         }
     }
 
     // After the wave's wgmmas are committed.
     __device__ __forceinline__ void after_commit() {
+        if constexpr (kEnabled) named_barrier_arrive(mine(), kThreads);
+    }
+
+    // After the wave's wgmmas completed, before its promotion.
+    __device__ __forceinline__ void before_promote() {
+        if constexpr (kEnabled) wait_partner();
+    }
+
+    // An expired wait of this (converged) warp: the partner may be waiting for this wave.
+    __device__ __forceinline__ void expire() {
         if constexpr (kEnabled) {
-            if (wg == 1 && threadIdx.x % 32 == 0) ptx::mbarrier_arrive(issued);
+            *abort = 1;
+            __threadfence_block();
+            named_barrier_arrive(mine(), kThreads);
         }
     }
 
-    // After the wave's wgmmas have completed (wait_group 0).
-    __device__ __forceinline__ void after_complete() {
+    // After the last tile: warpgroup 1 waits, before promoting its last wave, for a wave
+    // warpgroup 0 will not issue.
+    __device__ __forceinline__ void finish() {
         if constexpr (kEnabled) {
-            if (wg == 0 && threadIdx.x % 32 == 0) ptx::mbarrier_arrive(done);
+            if (wg == 0 && !first) named_barrier_arrive(mine(), kThreads);
         }
     }
 };

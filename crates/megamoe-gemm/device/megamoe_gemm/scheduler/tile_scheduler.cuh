@@ -1,8 +1,10 @@
 // Persistent tile scheduler over experts. Every role (producer and consumers) walks the same
 // sequence: CTA b takes tiles b, b + gridDim.x, ... of a dense index space in which each expert
-// contributes ceil(rows / BLOCK_M) * (N / BLOCK_N) tiles, so empty experts cost nothing and the
-// work is balanced whatever the per-expert counts. Inside an expert, groups of `group_m`
-// m-blocks are walked n-block by n-block so concurrent CTAs share each weight tile through L2.
+// contributes ceil(rows / BLOCK_M) * ceil(N / BLOCK_N) tiles, so empty experts cost nothing and
+// the work is balanced whatever the per-expert counts. A BLOCK_N that does not divide N (192)
+// leaves a partial last n-block, whose columns past N are computed and never stored. Inside an
+// expert, groups of `group_m` m-blocks are walked n-block by n-block so concurrent CTAs share
+// each weight tile through L2.
 //
 // With clusters of two CTAs (kClusterM = 2) the index space is one of tile pairs, cluster c
 // taking pairs c, c + clusters, ...: the two CTAs get m-blocks 2i and 2i + 1 of the same expert
@@ -43,7 +45,7 @@ struct TileScheduler {
     u32 expert_row0 = 0;  // contiguous: first row of the expert's segment
 
     __device__ TileScheduler(const i32* rows_, u32 num_experts_, u32 n, u32 max_m_, u32 group_m_)
-        : rows(rows_), num_experts(num_experts_), n_blocks(n / BLOCK_N), max_m(max_m_),
+        : rows(rows_), num_experts(num_experts_), n_blocks((n + BLOCK_N - 1) / BLOCK_N), max_m(max_m_),
           group_m(group_m_) {
         if constexpr (kClusterM == 1) {
             rank = 0;

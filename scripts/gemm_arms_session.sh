@@ -1,21 +1,26 @@
 #!/bin/bash
-# Kernel variants of the grouped GEMM against the heuristic's kernel, one run of at most 280 s:
-# the GEMM selftest (every configuration against the CPU reference, compiled into a fresh JIT
-# cache); flash L1 and L2 at 192/512/1024 rows per expert and 32 rows (contiguous and masked)
-# with every arm interleaved on the same operands, the large sizes also with an L2 flush before
-# each launch (DeepGEMM's benchmark protocol); the SM clock and board power sampled throughout;
+# The grouped GEMM's GPU session, one run of at most 280 s: the GEMM selftest (every
+# configuration against the CPU reference, compiled into a fresh JIT cache); flash L1 and L2 at
+# 192/512/1024 rows per expert and 32 rows (contiguous and masked), with the arms of one tuning
+# knob interleaved on the same operands when one is given, the large sizes also with an L2
+# flush before each launch (DeepGEMM's benchmark protocol); the SM clock and board power
+# sampled throughout; torch's _scaled_grouped_mm on the same group sizes (when torch is there);
 # one Nsight Compute profile of the last arm at L1 512 rows while time is left; the short table
 # last. Each step's timeout is cut to the time left, so the table always comes.
-# usage: scripts/gemm_arms_session.sh MEGAMOE_BINARY OUT_DIR ARM_FLAG VALUES [all|large]
+# usage: scripts/gemm_arms_session.sh MEGAMOE_BINARY OUT_DIR [ARM_FLAG VALUES [all|large]]
 #   e.g. scripts/gemm_arms_session.sh target/release/megamoe out --pipelined false,true
-#   `large` leaves out the 32-row cases (for arms that exist only on 128-row tiles).
+#   Without an arm the heuristic's kernel runs alone. `large` leaves out the 32-row cases (for
+#   arms that exist only on 128-row tiles).
 set -u
 bin=$(realpath "$1")
 out=$2
-arm_flag=$3
-arm_values=$4
+arm=()
+last_arm=()
+if [ $# -ge 4 ]; then
+  arm=("$3" "$4")
+  last_arm=("$3" "${4##*,}")
+fi
 sizes=${5:-all}
-last_arm="$arm_flag ${arm_values##*,}"
 mkdir -p "$out"
 export MEGAMOE_JIT_CACHE_DIR
 MEGAMOE_JIT_CACHE_DIR=$(mktemp -d)
@@ -57,9 +62,9 @@ bench() {
     return
   fi
   from=$(($(wc -l < "$out/clocks.csv" 2>/dev/null || echo 0) + 1))
-  timeout "$t" "$bin" bench gemm "$@" "$arm_flag" "$arm_values" --json-out "$out/results.jsonl" 2>&1 \
+  timeout "$t" "$bin" bench gemm "$@" "${arm[@]}" --json-out "$out/results.jsonl" 2>&1 \
     | grep -E '^\| L|rror' | tee -a "$out/bench.txt"
-  echo "bench gemm $* $arm_flag $arm_values (timeout $t s): exit ${PIPESTATUS[0]}, at $((SECONDS - start)) s"
+  echo "bench gemm $* ${arm[*]} (timeout $t s): exit ${PIPESTATUS[0]}, at $((SECONDS - start)) s"
   clock_summary "$from"
 }
 bench 50 --shape l1 --rows-per-expert 192,512,1024 --pad 128
@@ -73,12 +78,20 @@ if [ "$sizes" = all ]; then
 fi
 
 t=$(budget 60)
+torch_py=$(command -v python3)
+[ -x /opt/torch/.venv/bin/python3 ] && torch_py=/opt/torch/.venv/bin/python3
+if [ "$t" -gt 10 ] && "$torch_py" -c 'import torch' 2>/dev/null; then
+  timeout "$t" "$torch_py" "$(dirname "$0")/bench_gemm_torch.py" "$out/results.jsonl" > "$out/torch.txt" 2>&1
+  echo "torch (exit $?, at $((SECONDS - start)) s): $out/torch.txt"
+fi
+
+t=$(budget 60)
 if [ "$t" -gt 20 ] && command -v ncu >/dev/null; then
   timeout "$t" ncu --kernel-name regex:grouped_gemm --launch-skip 3 --launch-count 1 \
     --section SpeedOfLight --section SchedulerStats --section WarpStateStats \
-    "$bin" bench gemm --shape l1 --rows-per-expert 512 --pad 128 $last_arm --iters 1 \
+    "$bin" bench gemm --shape l1 --rows-per-expert 512 --pad 128 "${last_arm[@]}" --iters 1 \
     > "$out/ncu_l1_512.txt" 2>&1
-  echo "ncu of $last_arm (exit $?): $(grep -E 'SM Frequency|Elapsed Cycles|Compute \(SM\) Throughput|One or More Eligible|Duration' "$out/ncu_l1_512.txt" | tr -s ' ' | tr '\n' ';')"
+  echo "ncu of ${last_arm[*]:-the default kernel} (exit $?): $(grep -E 'SM Frequency|Elapsed Cycles|Compute \(SM\) Throughput|One or More Eligible|Duration' "$out/ncu_l1_512.txt" | tr -s ' ' | tr '\n' ';')"
 fi
 [ -n "${smi:-}" ] && kill "$smi" 2>/dev/null
 

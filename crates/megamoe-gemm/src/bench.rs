@@ -5,8 +5,7 @@ use megamoe_cuda::Gpu;
 use crate::error::{GemmError, Result};
 use crate::grouped::GroupedGemm;
 use crate::heuristics::{
-    choose, with_a_regs, with_block_n, with_cluster, with_ordered, with_pipelined, GemmConfig,
-    GemmProblem,
+    choose, with_a_regs, with_block_n, with_cluster, with_pipelined, GemmConfig, GemmProblem,
 };
 use crate::testdata::{compare, DeviceOperands, HostOperands};
 
@@ -58,8 +57,6 @@ pub struct Arm {
     pub a_regs: bool,
     /// v6: promotion overlapping the next group's wgmmas (see `GemmConfig::pipelined`).
     pub pipelined: bool,
-    /// v9: ordered waves (see `GemmConfig::ordered`).
-    pub ordered: bool,
 }
 
 /// The configuration `arm` runs for `problem`.
@@ -92,10 +89,6 @@ fn arm_config(
     config = with_pipelined(config, arm.pipelined).ok_or_else(|| GemmError::Shape {
         arg: "pipelined",
         reason: format!("no pipelined-promotion variant of {}", config.kernel_name()),
-    })?;
-    config = with_ordered(config, arm.ordered).ok_or_else(|| GemmError::Shape {
-        arg: "ordered",
-        reason: format!("no ordered-waves variant of {}", config.kernel_name()),
     })?;
     if opts.direct_store {
         config.tma_store = false;

@@ -19,6 +19,8 @@ use crate::error::GemmError;
 pub const MAX_SMEM_BYTES: usize = 232_448;
 /// Most experts one launch takes (their row counts are staged in shared memory).
 pub const MAX_EXPERTS: usize = 1024;
+/// Longest K, in 128-wide blocks: a tile's weight scales are staged in shared memory.
+pub const MAX_K_BLOCKS: usize = 128;
 /// Deepest ring the kernel is instantiated with.
 pub const MAX_STAGES: usize = 8;
 const BLOCK_K: usize = 128;
@@ -94,9 +96,6 @@ pub struct GemmConfig {
     /// accumulator set (one-wave tiles, 128 x 128 and 64 x 256, only: the 128 x 256 tile has no
     /// registers for it; a benchmark knob, not chosen here).
     pub pipelined: bool,
-    /// v9: the two consumer warpgroups issue their waves in turn, so that one's wave still runs
-    /// while the other promotes (not with `pipelined`; a benchmark knob, not chosen here).
-    pub ordered: bool,
     pub ctas: usize,
 }
 
@@ -109,7 +108,7 @@ impl GemmConfig {
     /// The kernel symbol of this instantiation.
     pub fn kernel_name(&self) -> String {
         format!(
-            "grouped_gemm_fp8_m{}_n{}_s{}_g{}_{}_{}{}{}{}{}{}",
+            "grouped_gemm_fp8_m{}_n{}_s{}_g{}_{}_{}{}{}{}{}",
             self.block_m,
             self.block_n,
             self.stages,
@@ -126,8 +125,7 @@ impl GemmConfig {
                 String::new()
             },
             if self.a_regs { "_areg" } else { "" },
-            if self.pipelined { "_pipe" } else { "" },
-            if self.ordered { "_ord" } else { "" }
+            if self.pipelined { "_pipe" } else { "" }
         )
     }
 }
@@ -136,7 +134,8 @@ impl GemmConfig {
 pub fn smem_bytes(block_m: usize, block_n: usize, stages: usize, group_size: usize) -> usize {
     let per_stage = block_m * BLOCK_K + block_n * BLOCK_K + (BLOCK_K / group_size) * block_m * 4;
     let staging = 2 * 64 * 64 * 2;
-    stages * per_stage + staging + 2 * stages * 8 + 8 + MAX_EXPERTS * 4
+    let weight_scales = 2 * 2 * MAX_K_BLOCKS * 4;
+    stages * per_stage + staging + 2 * stages * 8 + MAX_EXPERTS * 4 + weight_scales
 }
 
 /// Whether the TMA-store epilogue applies (see `GemmConfig::tma_store`).
@@ -164,8 +163,15 @@ pub fn validate(p: &GemmProblem) -> Result<(), GemmError> {
     if p.n == 0 || p.n % 128 != 0 {
         return bad("n", format!("{} is not a positive multiple of 128", p.n));
     }
-    if p.k == 0 || p.k % 128 != 0 {
-        return bad("k", format!("{} is not a positive multiple of 128", p.k));
+    if p.k == 0 || p.k % 128 != 0 || p.k > 128 * MAX_K_BLOCKS {
+        return bad(
+            "k",
+            format!(
+                "{} is not a positive multiple of 128 up to {}",
+                p.k,
+                128 * MAX_K_BLOCKS
+            ),
+        );
     }
     if p.group_size != 64 && p.group_size != 128 {
         return bad(
@@ -222,7 +228,6 @@ pub fn choose(p: &GemmProblem, sms: usize) -> Result<GemmConfig, GemmError> {
         cluster_m: 1,
         a_regs: false,
         pipelined: false,
-        ordered: false,
         ctas: sms,
     };
     if std::env::var_os("MEGAMOE_GEMM_LOG").is_some() {
@@ -232,7 +237,7 @@ pub fn choose(p: &GemmProblem, sms: usize) -> Result<GemmConfig, GemmError> {
 }
 
 /// `config` with another BLOCK_N (a benchmark knob for tuning these rules), or None if the
-/// tile shape does not exist or does not divide `p.n`.
+/// tile shape does not exist or does not tile `p.n` (see `block_n_tiles`).
 pub fn with_block_n(config: GemmConfig, p: &GemmProblem, block_n: usize) -> Option<GemmConfig> {
     let shape = (config.block_m, block_n);
     if !TILE_SHAPES.contains(&shape) || !block_n_tiles(p.n, block_n) {
@@ -293,29 +298,19 @@ pub fn with_pipelined(config: GemmConfig, pipelined: bool) -> Option<GemmConfig>
     })
 }
 
-/// `config` with (v9) or without ordered waves, or None where that does not exist (with the
-/// pipelined K loop, which keeps its own wgmmas queued).
-pub fn with_ordered(config: GemmConfig, ordered: bool) -> Option<GemmConfig> {
-    let exists = !ordered || !config.pipelined;
-    exists.then_some(GemmConfig { ordered, ..config })
-}
-
 /// Every configuration `choose` can return (and the clustered and A-from-registers variants of
-/// the 128 x 256 tile, the v6 variants of the one-wave tiles and the v9 variants of the tiles
-/// `choose` prefers), for compile-everything checks.
+/// the 128 x 256 tile, and the v6 variants of the one-wave tiles), for compile-everything checks.
 pub fn all_configs(sms: usize) -> Vec<GemmConfig> {
     let mut out = Vec::new();
-    for (block_m, block_n, cluster_m, a_regs, pipelined, ordered) in TILE_SHAPES
-        .map(|(m, n)| (m, n, 1, false, false, false))
+    for (block_m, block_n, cluster_m, a_regs, pipelined) in TILE_SHAPES
+        .map(|(m, n)| (m, n, 1, false, false))
         .into_iter()
         .chain([
-            (128, 256, 2, false, false, false),
-            (128, 256, 1, true, false, false),
-            (128, 256, 2, true, false, false),
-            (128, 128, 1, false, true, false),
-            (64, 256, 1, false, true, false),
-            (128, 256, 1, false, false, true),
-            (64, 256, 1, false, false, true),
+            (128, 256, 2, false, false),
+            (128, 256, 1, true, false),
+            (128, 256, 2, true, false),
+            (128, 128, 1, false, true),
+            (64, 256, 1, false, true),
         ])
     {
         for group_size in [128, 64] {
@@ -337,7 +332,6 @@ pub fn all_configs(sms: usize) -> Vec<GemmConfig> {
                             cluster_m,
                             a_regs,
                             pipelined,
-                            ordered,
                             ctas: sms - sms % cluster_m,
                         });
                     }
@@ -449,26 +443,19 @@ mod tests {
     }
 
     #[test]
-    fn ordered_waves_keep_the_tile_and_exist_without_the_pipelined_loop() {
+    fn the_192_column_tile_may_leave_a_partial_last_n_block() {
+        assert!(block_n_tiles(4096, 192) && block_n_tiles(128, 192));
+        assert!(block_n_tiles(4096, 256) && !block_n_tiles(384, 256));
         let p = problem(512, Layout::Contiguous { pad: 128 }, 128);
-        let c = choose(&p, 132).unwrap();
-        assert!(!c.ordered);
-        let v9 = with_ordered(c, true).unwrap();
+        let c = with_block_n(choose(&p, 132).unwrap(), &p, 192).unwrap();
+        assert_eq!((c.block_m, c.block_n, c.stages), (128, 192, 5));
+        assert!(c.kernel_name().contains("_m128_n192_s5_"));
+        let small = choose(&problem(32, Layout::Masked { max_m: 32 }, 128), 132).unwrap();
+        assert!(with_block_n(small, &p, 192).is_none(), "no 64 x 192 tile");
         assert_eq!(
-            (v9.block_m, v9.block_n, v9.stages),
-            (c.block_m, c.block_n, c.stages)
+            all_configs(132).iter().filter(|c| c.block_n == 192).count(),
+            10
         );
-        assert!(v9.kernel_name().ends_with("_tma_ord"));
-        assert!(with_ordered(with_pipelined(c, true).unwrap(), true).is_none());
-        let configs = all_configs(132);
-        assert_eq!(configs.iter().filter(|c| c.ordered).count(), 20);
-        for v9 in configs.iter().filter(|c| c.ordered) {
-            let base = GemmConfig {
-                ordered: false,
-                ..*v9
-            };
-            assert!(configs.contains(&base), "{v9:?}");
-        }
     }
 
     #[test]

@@ -11,7 +11,6 @@ pub const HEADERS: Headers = megamoe_cuda::header_set!(
     "device",
     [
         "megamoe_gemm/pipeline/barriers.cuh",
-        "megamoe_gemm/pipeline/wave_order.cuh",
         "megamoe_gemm/mma/wgmma.cuh",
         "megamoe_gemm/mma/fp8_mainloop.cuh",
         "megamoe_gemm/layout/smem_desc.cuh",
@@ -40,7 +39,7 @@ pub fn kernel_spec(config: &GemmConfig) -> KernelSpec {
          extern \"C\" __global__ void __launch_bounds__({THREADS}, 1)\n\
          {name}(const __grid_constant__ megamoe::gemm::GroupedGemmParams p) {{\n\
          \x20   megamoe::gemm::grouped_gemm_fp8<{bm}, {bn}, {stages}, {g}, {masked}, {cluster}, {a_regs},\n\
-         \x20                                   {pipelined}, {ordered}, megamoe::gemm::{epilogue}>(p);\n\
+         \x20                                   {pipelined}, megamoe::gemm::{epilogue}>(p);\n\
          }}\n",
         bm = config.block_m,
         bn = config.block_n,
@@ -50,7 +49,6 @@ pub fn kernel_spec(config: &GemmConfig) -> KernelSpec {
         cluster = config.cluster_m,
         a_regs = config.a_regs,
         pipelined = config.pipelined,
-        ordered = config.ordered,
     );
     KernelSpec {
         name: name.clone(),

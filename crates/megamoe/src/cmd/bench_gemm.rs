@@ -68,11 +68,6 @@ pub struct BenchGemmArgs {
     /// case once per value (and per cluster size and A source), interleaved.
     #[arg(long, value_delimiter = ',')]
     pub pipelined: Vec<bool>,
-    /// v9: the consumer warpgroups issue their waves in turn (true/false; not with --pipelined
-    /// true; tuning knob); a comma-separated list runs each case once per value (and per tile
-    /// width, cluster size, A source and K loop), interleaved.
-    #[arg(long, value_delimiter = ',')]
-    pub ordered: Vec<bool>,
     /// Writes a 256 MiB buffer before every timed launch (outside its events), so each launch
     /// starts with an L2 that holds none of its operands, as DeepGEMM's benchmark does.
     #[arg(long)]
@@ -141,11 +136,6 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
     } else {
         args.block_n.iter().map(|&b| Some(b)).collect()
     };
-    let ordered = if args.ordered.is_empty() {
-        vec![false]
-    } else {
-        args.ordered.clone()
-    };
     let mut arms = Vec::new();
     for (&block_n, &cluster_m) in block_ns
         .iter()
@@ -153,15 +143,12 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
     {
         for &a_regs in &a_regs {
             for &pipelined in &pipelined {
-                for &ordered in &ordered {
-                    arms.push(Arm {
-                        block_n,
-                        cluster_m,
-                        a_regs,
-                        pipelined,
-                        ordered,
-                    });
-                }
+                arms.push(Arm {
+                    block_n,
+                    cluster_m,
+                    a_regs,
+                    pipelined,
+                });
             }
         }
     }
@@ -246,7 +233,7 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
                         Layout::Masked { .. } => 0,
                     },
                     "cluster_m": arm.cluster_m.unwrap_or(1), "a_regs": arm.a_regs,
-                    "pipelined": arm.pipelined, "ordered": arm.ordered, "flush_l2": args.flush_l2,
+                    "pipelined": arm.pipelined, "flush_l2": args.flush_l2,
                     "block_n": arm.block_n,
                     "rows_per_expert": mean, "n": n, "k": k, "group_sizes": rows,
                     "us": r.median_us, "tflops": r.tflops, "floor_us": r.floor_us,

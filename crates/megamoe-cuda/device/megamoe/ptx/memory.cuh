@@ -12,6 +12,20 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
   return static_cast<u32>(__cvta_generic_to_shared(p));
 }
 
+// A 32-bit load from a shared-window address (ordered after the waits before it).
+__device__ __forceinline__ float ld_shared_f32(u32 addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(addr));
+  return v;
+}
+
+// `v` as a value the compiler cannot recompute: it then keeps it in a register instead of
+// rebuilding it from the thread index wherever it is used (in a hot loop, that costs more).
+__device__ __forceinline__ u32 opaque(u32 v) {
+  asm volatile("" : "+r"(v));
+  return v;
+}
+
 // Four 8x8 b16 matrices from shared memory to registers (one b32 per matrix per thread, the mma
 // fragment layout); lanes 8i..8i+7 give the row addresses of matrix i.
 __device__ __forceinline__ void ldmatrix_x4(const void* src, u32 (&r)[4]) {

@@ -63,7 +63,7 @@ struct TmaStoreBf16 {
         const u32 lane = threadIdx.x % 32;
         const u32 warp = (threadIdx.x / 32) % 4;
         const bool leader = threadIdx.x % 128 == 0;
-        const NamedBarrier bar = epilogue_barrier(wg);
+        const NamedBarrier bar = warpgroup_barrier(wg);
         // This lane's row address for stmatrix: matrices (rows 0-7 | 8-15) x (chunk | chunk+1).
         const u32 row = warp * 16 + lane % 8 + 8 * ((lane / 8) % 2);
         const u32 chunk_step = lane / 16;

@@ -4,7 +4,6 @@
 // kARegs: the wgmmas take A from registers (ldmatrix once per scale group, see tile_k_loop).
 // kPipelined (v6): each scale group's promotion overlaps the next group's wgmmas (one-wave
 // slices only, see tile_k_loop_pipelined).
-// kOrdered (v9): the two consumer warpgroups issue their waves in turn (wave_order.cuh).
 // Instantiated per configuration by a generated translation unit (src/kernel.rs).
 #pragma once
 #include <megamoe/ptx/mbarrier.cuh>
@@ -23,7 +22,7 @@ constexpr u32 kProducerRegs = 40;
 constexpr u32 kConsumerRegs = 232;
 
 template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, bool kMasked, int kClusterM,
-          bool kARegs, bool kPipelined, bool kOrdered, typename Epilogue>
+          bool kARegs, bool kPipelined, typename Epilogue>
 __device__ __forceinline__ void grouped_gemm_fp8(const GroupedGemmParams& p) {
     using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>;
     extern __shared__ u8 smem_raw[];
@@ -45,7 +44,6 @@ __device__ __forceinline__ void grouped_gemm_fp8(const GroupedGemmParams& p) {
             ptx::mbarrier_init(smem.full(s), 1);
             ptx::mbarrier_init(smem.empty(s), kMathWarps * kClusterM);
         }
-        *smem.abort_flag() = 0;
         ptx::fence_barrier_init();
     }
     if constexpr (kClusterM > 1) {
@@ -62,7 +60,7 @@ __device__ __forceinline__ void grouped_gemm_fp8(const GroupedGemmParams& p) {
     } else {
         ptx::setmaxnreg_inc<kConsumerRegs>();
         wgmma_consumer<BLOCK_M, BLOCK_N, kStages, kGroupSize, kMasked, kClusterM, kARegs, kPipelined,
-                       kOrdered, Epilogue>(
+                       Epilogue>(
             p, smem, warp / 4);
     }
     if constexpr (kClusterM > 1) ptx::cluster_sync();

@@ -1,6 +1,7 @@
 // Shared-memory plan of the grouped GEMM: kStages ring slots of {A tile, B tile}, the epilogue's
 // staging tile per consumer warpgroup, the ring's activation scales, the full/empty barriers,
-// the ordered waves' abort flag (wave_order.cuh), then the per-expert row counts. Mirrored by
+// the per-expert row counts, then each consumer warpgroup's weight scales of its current tile
+// (two 128-column blocks by up to kMaxKBlocks K blocks). Mirrored by
 // `smem_bytes` in src/heuristics.rs.
 #pragma once
 #include <megamoe/common.cuh>
@@ -24,9 +25,11 @@ struct SmemLayout {
     static constexpr u32 kStagingOffset = kBOffset + kStages * kBBytes;
     static constexpr u32 kSaOffset = kStagingOffset + 2 * kStagingBytes;
     static constexpr u32 kBarOffset = kSaOffset + kStages * kSaBytes;
-    static constexpr u32 kAbortOffset = kBarOffset + 2 * kStages * 8;
-    static constexpr u32 kRowsOffset = kAbortOffset + 8;
-    static constexpr u32 kBytes = kRowsOffset + kMaxExperts * 4;
+    static constexpr u32 kRowsOffset = kBarOffset + 2 * kStages * 8;
+    static constexpr int kMaxKBlocks = 128;
+    static constexpr u32 kScaleBRowFloats = kMaxKBlocks;
+    static constexpr u32 kScaleBOffset = kRowsOffset + kMaxExperts * 4;
+    static constexpr u32 kBytes = kScaleBOffset + 2 * 2 * kScaleBRowFloats * 4;
 
     static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "swizzle atoms need 1 KiB alignment");
     static_assert(kSaBytes % 128 == 0, "TMA destinations need 128-byte alignment");
@@ -38,8 +41,10 @@ struct SmemLayout {
     __device__ float* sa(int s) const { return reinterpret_cast<float*>(base + kSaOffset + s * kSaBytes); }
     __device__ u64* full(int s) const { return reinterpret_cast<u64*>(base + kBarOffset) + s; }
     __device__ u64* empty(int s) const { return reinterpret_cast<u64*>(base + kBarOffset) + kStages + s; }
-    __device__ volatile u32* abort_flag() const { return reinterpret_cast<u32*>(base + kAbortOffset); }
     __device__ i32* rows() const { return reinterpret_cast<i32*>(base + kRowsOffset); }
+    __device__ float* scale_b(u32 wg) const {
+        return reinterpret_cast<float*>(base + kScaleBOffset) + wg * 2 * kScaleBRowFloats;
+    }
 };
 
 // Ring position shared by producer and consumers: stage index and the parity of its use.

@@ -6,7 +6,6 @@
 #include <megamoe/ptx/mbarrier.cuh>
 #include <megamoe_gemm/mma/wgmma.cuh>
 #include <megamoe_gemm/pipeline/barriers.cuh>
-#include <megamoe_gemm/pipeline/wave_order.cuh>
 #include <megamoe_gemm/layout/smem_desc.cuh>
 #include <megamoe_gemm/layout/smem_layout.cuh>
 #include <megamoe_gemm/scheduler/tile_scheduler.cuh>
@@ -28,6 +27,44 @@ __device__ __forceinline__ void release_stage(u64* empty) {
     }
 }
 
+// The weight scales of a warpgroup's slice of one tile: rows (expert, n-block) of one scale per K
+// block for each 128-column block the slice spans (two: two 128-column waves, or one 192-column
+// wave across two blocks), staged in the warpgroup's shared rows for the whole tile so that a K
+// block reads them with one shared load each. load() issues the global loads of a tile (thread
+// i of the warpgroup loads K block i of each row) and is called during the previous tile's
+// epilogue, which hides their latency; stage() stores them once every warp of the warpgroup is
+// done with the previous tile's rows. The last block of a partial last n-tile is clamped: its
+// columns past N are never stored.
+template <int kWaveN, int kWaves, int kRowFloats>
+struct TileWeightScales {
+    static constexpr int kScaleBlocks = kWaveN == 128 ? 1 : 2;
+    static constexpr int kRows = kWaves * kScaleBlocks;
+    float v[kRows];
+
+    __device__ __forceinline__ void load(const GroupedGemmParams& p, const Tile& t, u32 b_off) {
+        const float* scale_b = reinterpret_cast<const float*>(p.scale_b);
+        const u32 k_blocks = p.k / 128;
+        const u32 n_scale_blocks = p.n / 128;
+        const u32 kb = threadIdx.x % 128;
+#pragma unroll
+        for (int w = 0; w < kWaves; ++w) {
+#pragma unroll
+            for (int s = 0; s < kScaleBlocks; ++s) {
+                const u32 block = min((t.n0 + b_off + w * kWaveN) / 128 + s, n_scale_blocks - 1);
+                const u64 row = static_cast<u64>(t.expert) * n_scale_blocks + block;
+                v[w * kScaleBlocks + s] = kb < k_blocks ? __ldg(scale_b + row * k_blocks + kb) : 0.0f;
+            }
+        }
+    }
+
+    __device__ __forceinline__ void stage(float* rows, u32 wg) const {
+        named_barrier_sync(warpgroup_barrier(wg), 128);
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) rows[r * kRowFloats + threadIdx.x % 128] = v[r];
+        named_barrier_sync(warpgroup_barrier(wg), 128);
+    }
+};
+
 // The K loop of one tile for one warpgroup: rows a_off..a_off+63 of the A tile times columns
 // b_off..b_off + kWaves*kWaveN of the B tile, one wave of m64nkWaveN wgmmas per kWaveN columns,
 // summed into `sum` (kWaves * kWaveN / 2 f32 registers; the fresh accumulators take kWaveN / 2
@@ -36,18 +73,17 @@ __device__ __forceinline__ void release_stage(u64* empty) {
 // scaled by the first. kARegs (128-column waves): each scale group's A slice is read from shared
 // memory once (ldmatrix, G/32 x 4 registers) and fed to every wave from registers, instead of
 // every wave's wgmmas reading it again.
-template <int kWaveN, int kWaves, int kClusterM, bool kARegs, bool kOrdered, int kScaleShift,
-          int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize>
+template <int kWaveN, int kWaves, int kClusterM, bool kARegs, int kScaleShift, int BLOCK_M,
+          int BLOCK_N, int kStages, int kGroupSize>
 __device__ __forceinline__ void tile_k_loop(const GroupedGemmParams& p,
                                             const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>& smem,
-                                            RingCursor<kStages>& ring, WaveOrder<kOrdered>& order,
-                                            const Tile& t, u32 a_off, u32 b_off,
-                                            float (&sum)[kWaves][kWaveN / 2]) {
+                                            RingCursor<kStages>& ring, const Tile& t, u32 wg,
+                                            u32 a_off, u32 b_off, float (&sum)[kWaves][kWaveN / 2]) {
     using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>;
     using Mma = typename WgmmaE4M3<kWaveN>::type;
     constexpr int kScaleCols = Layout::kScaleCols;
     constexpr int kMmaPerGroup = kGroupSize / Mma::kK;
-    constexpr int kScaleBlocks = kWaveN == 128 ? 1 : 2;
+    constexpr int kScaleBlocks = TileWeightScales<kWaveN, kWaves, 0>::kScaleBlocks;
     // Accumulator groups of 4 registers (8 columns) under the wave's first weight scale.
     constexpr int kFirstScaleGroups = kWaveN == 128 ? Mma::kAccum / 4 : (128 - kScaleShift) / 8;
     static_assert(kWaveN == 128 || (kWaves == 1 && !kARegs), "a 192-column slice is one wave");
@@ -59,21 +95,19 @@ __device__ __forceinline__ void tile_k_loop(const GroupedGemmParams& p,
     const u32 a_ld_chunk = lane / 16;
     u32* error = reinterpret_cast<u32*>(p.error);
     const u32 k_blocks = p.k / Layout::kBlockK;
-    // Weight scales of this slice's 128-column blocks: row (expert, n-block), one per K block,
-    // as element indices (one register each, where 64-bit pointers would be rebuilt every K
-    // block). The last block of a partial last n-tile is clamped: its columns past N are never
-    // stored.
-    const float* scale_b = reinterpret_cast<const float*>(p.scale_b);
-    const u32 n_scale_blocks = p.n / 128;
-    u32 sb_index[kWaves][kScaleBlocks];
-#pragma unroll
-    for (int w = 0; w < kWaves; ++w) {
-#pragma unroll
-        for (int s = 0; s < kScaleBlocks; ++s) {
-            const u32 block = min((t.n0 + b_off + w * kWaveN) / 128 + s, n_scale_blocks - 1);
-            sb_index[w][s] = (t.expert * n_scale_blocks + block) * k_blocks;
-        }
-    }
+    // The tile's weight scales, staged by the caller (TileWeightScales).
+    constexpr u32 kRowFloats = Layout::kScaleBRowFloats;
+    const float* sb_tile = smem.scale_b(wg);
+    // Stage 0's addresses; stage s adds s times a tile's size. The K loop then builds its
+    // wgmma descriptors in uniform registers and reads scales without recomputing a thread's
+    // row, which keeps the instructions between a wave's completion and the next wave's issue
+    // few (both warpgroups promote at once, and those instructions are where the tensor cores
+    // wait).
+    // (The row's address goes through an opaque copy, or the compiler recomputes it from the
+    // thread index in every K block.)
+    const u32 sa_rows0 = ptx::opaque(ptx::smem_addr(smem.sa(0) + r_lo));
+    const u32 a_desc_lo0 = smem_desc_lo_k_major_sw128(smem.a(0) + a_off * Layout::kBlockK);
+    const u32 b_desc_lo0 = smem_desc_lo_k_major_sw128(smem.b(0) + b_off * Layout::kBlockK);
 #pragma unroll
     for (int w = 0; w < kWaves; ++w) {
 #pragma unroll
@@ -84,25 +118,20 @@ __device__ __forceinline__ void tile_k_loop(const GroupedGemmParams& p,
 #pragma unroll
         for (int w = 0; w < kWaves; ++w) {
 #pragma unroll
-            for (int s = 0; s < kScaleBlocks; ++s) sb[w][s] = __ldg(scale_b + sb_index[w][s] + kb);
+            for (int s = 0; s < kScaleBlocks; ++s) sb[w][s] = sb_tile[(w * kScaleBlocks + s) * kRowFloats + kb];
         }
-        if constexpr (kOrdered) {
-            mbarrier_wait_warp(smem.full(ring.stage), ring.phase, error, p.timeout_ns, kWaitFull,
-                               [&] { order.expire(); });
-        } else {
-            mbarrier_wait(smem.full(ring.stage), ring.phase, error, p.timeout_ns, kWaitFull);
-        }
-        const float* sa = smem.sa(ring.stage);
+        mbarrier_wait(smem.full(ring.stage), ring.phase, error, p.timeout_ns, kWaitFull);
+        // This thread's two rows' activation scales: stage 0's, plus the stage's offset.
+        const u32 sa = sa_rows0 + ring.stage * Layout::kSaBytes;
         float sa_lo[kScaleCols], sa_hi[kScaleCols];
 #pragma unroll
         for (int g = 0; g < kScaleCols; ++g) {
-            sa_lo[g] = sa[g * BLOCK_M + r_lo];
-            sa_hi[g] = sa[g * BLOCK_M + r_lo + 8];
+            sa_lo[g] = ptx::ld_shared_f32(sa + g * BLOCK_M * 4);
+            sa_hi[g] = ptx::ld_shared_f32(sa + (g * BLOCK_M + 8) * 4);
         }
         const u8* a_tile = smem.a(ring.stage) + a_off * Layout::kBlockK;
-        const u8* b_tile = smem.b(ring.stage) + b_off * Layout::kBlockK;
-        const u32 a_desc_lo = smem_desc_lo_k_major_sw128(a_tile);
-        const u32 b_desc_lo = smem_desc_lo_k_major_sw128(b_tile);
+        const u32 a_desc_lo = a_desc_lo0 + ring.stage * (Layout::kABytes / 16);
+        const u32 b_desc_lo = b_desc_lo0 + ring.stage * (Layout::kBBytes / 16);
 
 #pragma unroll
         for (int g = 0; g < kScaleCols; ++g) {
@@ -120,7 +149,6 @@ __device__ __forceinline__ void tile_k_loop(const GroupedGemmParams& p,
                 float acc[Mma::kAccum];
 #pragma unroll
                 for (int i = 0; i < Mma::kAccum; ++i) wgmma_fence_operand(acc[i]);
-                order.before_issue();
                 wgmma_fence();
 #pragma unroll
                 for (int j = 0; j < kMmaPerGroup; ++j) {
@@ -134,11 +162,9 @@ __device__ __forceinline__ void tile_k_loop(const GroupedGemmParams& p,
                     }
                 }
                 wgmma_commit();
-                order.after_commit();
 #pragma unroll
                 for (int i = 0; i < Mma::kAccum; ++i) wgmma_fence_operand(acc[i]);
                 wgmma_wait<0>();
-                order.before_promote();
 #pragma unroll
                 for (int i = 0; i < Mma::kAccum; ++i) wgmma_fence_operand(acc[i]);
                 if (g == kScaleCols - 1 && w == kWaves - 1 && lane == 0) {
@@ -290,11 +316,12 @@ __device__ __forceinline__ void tile_k_loop_pipelined(
 }
 
 template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, bool kMasked, int kClusterM,
-          bool kARegs, bool kPipelined, bool kOrdered, typename Epilogue>
+          bool kARegs, bool kPipelined, typename Epilogue>
 __device__ void wgmma_consumer(const GroupedGemmParams& p,
                                const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>& smem,
                                u32 wg) {
     using Sched = TileScheduler<BLOCK_M, BLOCK_N, kMasked, kClusterM>;
+    using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>;
     // BLOCK_M 128: the warpgroups split the rows; BLOCK_M 64: they split the columns. A
     // warpgroup's slice is 64 rows by kWaves waves of kWaveN columns.
     static_assert(BLOCK_M == 128 || BLOCK_M == 64, "two warpgroups of 64 rows, or one of 64");
@@ -308,35 +335,39 @@ __device__ void wgmma_consumer(const GroupedGemmParams& p,
 
     Sched sched(smem.rows(), p.num_experts, p.n, p.max_m, p.group_m);
     RingCursor<kStages> ring;
-    WaveOrder<kOrdered> order{smem.abort_flag(), wg};
+    TileWeightScales<kWaveN, kWaves, Layout::kScaleBRowFloats> scales;
     Tile t;
-    while (sched.next(t)) {
+    bool more = sched.next(t);
+    if (more) scales.load(p, t, b_off);
+    while (more) {
+        scales.stage(smem.scale_b(wg), wg);
         float sum[kWaves][kWaveN / 2];
         if constexpr (kPipelined) {
-            static_assert(kWaves == 1 && kWaveN == 128 && !kARegs && !kOrdered,
-                          "v6 runs one-wave 128-column slices, A from shared memory, unordered");
+            static_assert(kWaves == 1 && kWaveN == 128 && !kARegs,
+                          "v6 runs one-wave 128-column slices, A from shared memory");
             tile_k_loop_pipelined<kClusterM>(p, smem, ring, t, a_off, b_off, sum);
         } else if constexpr (kWaveN == 192) {
             // 192-column tiles start 0 or 64 columns into a weight scale block, alternately.
             if (t.n0 % 128 != 0) {
-                tile_k_loop<kWaveN, kWaves, kClusterM, kARegs, kOrdered, 64>(p, smem, ring, order, t,
-                                                                             a_off, b_off, sum);
+                tile_k_loop<kWaveN, kWaves, kClusterM, kARegs, 64>(p, smem, ring, t, wg, a_off, b_off, sum);
             } else {
-                tile_k_loop<kWaveN, kWaves, kClusterM, kARegs, kOrdered, 0>(p, smem, ring, order, t,
-                                                                            a_off, b_off, sum);
+                tile_k_loop<kWaveN, kWaves, kClusterM, kARegs, 0>(p, smem, ring, t, wg, a_off, b_off, sum);
             }
         } else {
-            tile_k_loop<kWaveN, kWaves, kClusterM, kARegs, kOrdered, 0>(p, smem, ring, order, t,
-                                                                            a_off, b_off, sum);
+            tile_k_loop<kWaveN, kWaves, kClusterM, kARegs, 0>(p, smem, ring, t, wg, a_off, b_off, sum);
         }
+        // The next tile's scales load while this one's epilogue runs.
+        Tile next;
+        more = sched.next(next);
+        if (more) scales.load(p, next, b_off);
         const u32 rows_valid = t.rows_valid > a_off ? t.rows_valid - a_off : 0;
 #pragma unroll
         for (int w = 0; w < kWaves; ++w) {
             Epilogue::store(p, smem.staging(wg), wg, t.a_row + a_off, t.n0 + b_off + w * kWaveN,
                             rows_valid, sum[w]);
         }
+        t = next;
     }
-    order.finish();
     Epilogue::finish();
 }
 

@@ -47,22 +47,18 @@ __device__ __forceinline__ void mbarrier_wait_warp(u64* bar, u32 parity, u32* er
 // Every named barrier of the grouped GEMM kernels. Id 0 is __syncthreads.
 enum class NamedBarrier : u32 {
     kBlock = 0,
-    kEpilogueWg0 = 1,   // consumer warpgroup 0 staging its tile for a TMA store
-    kEpilogueWg1 = 2,   // consumer warpgroup 1, likewise
-    kWaveIssuedWg0 = 3, // ordered waves: warpgroup 0 has issued its next wave
-    kWaveIssuedWg1 = 4, // ordered waves: warpgroup 1 has issued its next wave
+    // One consumer warpgroup's own 128 threads: staging its weight scales at a tile's start,
+    // staging its tile for a TMA store at the end.
+    kWarpgroup0 = 1,
+    kWarpgroup1 = 2,
 };
 
-__device__ __forceinline__ NamedBarrier epilogue_barrier(u32 wg) {
-    return wg == 0 ? NamedBarrier::kEpilogueWg0 : NamedBarrier::kEpilogueWg1;
+__device__ __forceinline__ NamedBarrier warpgroup_barrier(u32 wg) {
+    return wg == 0 ? NamedBarrier::kWarpgroup0 : NamedBarrier::kWarpgroup1;
 }
 
 __device__ __forceinline__ void named_barrier_sync(NamedBarrier id, u32 threads) {
     ptx::named_barrier_sync(static_cast<u32>(id), threads);
-}
-
-__device__ __forceinline__ void named_barrier_arrive(NamedBarrier id, u32 threads) {
-    ptx::named_barrier_arrive(static_cast<u32>(id), threads);
 }
 
 }  // namespace megamoe::gemm

@@ -31,12 +31,17 @@ __device__ __forceinline__ void wgmma_fence_operand(float& r) {
     "+f"(d[(o) + 24]), "+f"(d[(o) + 25]), "+f"(d[(o) + 26]), "+f"(d[(o) + 27]), "+f"(d[(o) + 28]), "+f"(d[(o) + 29]), "+f"(d[(o) + 30]), "+f"(d[(o) + 31])
 #define MEGAMOE_WGMMA_D64(d) MEGAMOE_WGMMA_D32(d, 0), MEGAMOE_WGMMA_D32(d, 32)
 
-// D[64x128] (+)= A[64x32] * B[128x32]^T, K-major descriptors. `accumulate` false overwrites D.
-struct WgmmaM64N128K32E4M3 {
+// An m64nNk32 wgmma: N / 2 f32 accumulators per thread.
+template <int N>
+struct WgmmaShape {
     static constexpr int kM = 64;
-    static constexpr int kN = 128;
+    static constexpr int kN = N;
     static constexpr int kK = 32;
     static constexpr int kAccum = kM * kN / 128;
+};
+
+// D[64x128] (+)= A[64x32] * B[128x32]^T, K-major descriptors. `accumulate` false overwrites D.
+struct WgmmaM64N128K32E4M3 : WgmmaShape<128> {
 
     __device__ __forceinline__ static void mma(u64 desc_a, u64 desc_b, float (&d)[kAccum],
                                                bool accumulate) {
@@ -74,11 +79,7 @@ struct WgmmaM64N128K32E4M3 {
 // D[64x192] (+)= A[64x32] * B[192x32]^T, K-major descriptors: the one-wave slice of a 128 x 192
 // tile (96 accumulators; with the 96 of the running sum the registers hold it, which an m64n256
 // wave would not).
-struct WgmmaM64N192K32E4M3 {
-    static constexpr int kM = 64;
-    static constexpr int kN = 192;
-    static constexpr int kK = 32;
-    static constexpr int kAccum = kM * kN / 128;
+struct WgmmaM64N192K32E4M3 : WgmmaShape<192> {
 
     __device__ __forceinline__ static void mma(u64 desc_a, u64 desc_b, float (&d)[kAccum],
                                                bool accumulate) {

@@ -11,7 +11,8 @@
 //!   docs/PERF.md v4); pad 64 for decode-sized groups (≤ 64 rows per expert). *Masked*: `[E, max_m, K]`, `expert_rows[e]` the valid rows.
 //! - activation scales: f32, K-group-major (transposed, as the TMA loads them): contiguous
 //!   `[K/G, rows]`, masked `[E, K/G, max_m]`; padding rows have scale 0.
-//! - weights: e4m3 `[E, N, K]`; weight scales f32 `[E, N/128, K/128]`.
+//! - weights: e4m3 `[E, N, K]`; weight scales f32 `[E, N/128, K/128]`. N and K are multiples
+//!   of 128, K at most 16384 (a tile's weight scales are staged in shared memory).
 //! - output: rows like the activations, N columns. Contiguous writes every row (padding rows
 //!   become 0); masked writes only rows below each expert's count.
 //!

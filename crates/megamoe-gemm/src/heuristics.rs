@@ -479,6 +479,11 @@ mod tests {
             choose(&p, 132),
             Err(GemmError::Shape { arg: "k", .. })
         ));
+        p.k = 128 * (MAX_K_BLOCKS + 1);
+        assert!(matches!(
+            choose(&p, 132),
+            Err(GemmError::Shape { arg: "k", .. })
+        ));
         p.k = 4096;
         p.group_size = 32;
         assert!(matches!(

@@ -251,18 +251,23 @@ fn full_unit_loads(block_m: usize) -> Loads {
     Loads::new(rows.len(), vec![*rows.iter().max().unwrap()], rows).unwrap()
 }
 
-/// Runs the broken stream `params` through the verifier and the simulator; both must see a
-/// wait on later work.
-fn assert_later_wait_is_caught(params: StreamParams, sms: usize) {
-    let loads = full_unit_loads(params.block_m);
-    let streams = vec![Stream::build(params, &loads.expert_rows(0))];
+/// The one-rank plan of the 12 experts `full_unit_loads` fills (task costs only).
+fn full_unit_plan() -> CallPlan {
     let shape = Shape {
         hidden: 256,
         inter: 128,
         experts: 12,
         topk: 1,
     };
-    let plan = CallPlan::new(&shape, 1, 1024, 64, 1).unwrap();
+    CallPlan::new(&shape, 1, 1024, 64, 1).unwrap()
+}
+
+/// Runs the broken stream `params` through the verifier and the simulator; both must see a
+/// wait on later work.
+fn assert_later_wait_is_caught(params: StreamParams, sms: usize) {
+    let loads = full_unit_loads(params.block_m);
+    let streams = vec![Stream::build(params, &loads.expert_rows(0))];
+    let plan = full_unit_plan();
     let config = SimConfig {
         sms,
         jitter_seed: None,
@@ -318,13 +323,7 @@ fn an_l2_task_ahead_of_its_l1_deadlocks_one_sm() {
         stream.verify(),
         Err(PlanFault::L2BeforeL1 { block: 0, .. })
     ));
-    let shape = Shape {
-        hidden: 256,
-        inter: 128,
-        experts: 12,
-        topk: 1,
-    };
-    let plan = CallPlan::new(&shape, 1, 1024, 64, 1).unwrap();
+    let plan = full_unit_plan();
     let err = sim::simulate(
         &[stream],
         &loads,

@@ -33,8 +33,8 @@ __device__ __forceinline__ void release_stage(u64* empty) {
 // block reads them with one shared load each. load() issues the global loads of a tile (thread
 // i of the warpgroup loads K block i of each row) and is called during the previous tile's
 // epilogue, which hides their latency; stage() stores them once every warp of the warpgroup is
-// done with the previous tile's rows. The last block of a partial last n-tile is clamped: its
-// columns past N are never stored.
+// done with the previous tile's rows; both K loops read them from there. The last block of a
+// partial last n-tile is clamped: its columns past N are never stored.
 template <int kWaveN, int kWaves, int kRowFloats>
 struct TileWeightScales {
     static constexpr int kScaleBlocks = kWaveN == 128 ? 1 : 2;
@@ -101,10 +101,9 @@ __device__ __forceinline__ void tile_k_loop(const GroupedGemmParams& p,
     // Stage 0's addresses; stage s adds s times a tile's size. The K loop then builds its
     // wgmma descriptors in uniform registers and reads scales without recomputing a thread's
     // row, which keeps the instructions between a wave's completion and the next wave's issue
-    // few (both warpgroups promote at once, and those instructions are where the tensor cores
-    // wait).
-    // (The row's address goes through an opaque copy, or the compiler recomputes it from the
-    // thread index in every K block.)
+    // few: both warpgroups run them at once, and the tensor cores wait meanwhile. The row's
+    // address goes through an opaque copy, or the compiler rebuilds it from the thread index
+    // in every K block.
     const u32 sa_rows0 = ptx::opaque(ptx::smem_addr(smem.sa(0) + r_lo));
     const u32 a_desc_lo0 = smem_desc_lo_k_major_sw128(smem.a(0) + a_off * Layout::kBlockK);
     const u32 b_desc_lo0 = smem_desc_lo_k_major_sw128(smem.b(0) + b_off * Layout::kBlockK);
@@ -206,7 +205,7 @@ struct PipelinedKLoop {
     RingCursor<kStages>& ring;
     float (&sum)[Mma::kAccum];
     u32 a_off, b_off, r_lo, kb = 0;
-    const float* sb_row;
+    const float* sb_row;  // the tile's weight scales, staged in shared memory (TileWeightScales)
     float acc[2][Mma::kAccum];
     float sa_lo[kScaleCols], sa_hi[kScaleCols], sb = 0.0f;
     // The group whose wgmmas are in flight: its scales, and the stage it was the last reader of.
@@ -219,7 +218,7 @@ struct PipelinedKLoop {
     template <int kBuf, int kG, bool kHasPrev>
     __device__ __forceinline__ void group() {
         if constexpr (kG == 0) {
-            sb = __ldg(sb_row + kb);
+            sb = sb_row[kb];
             wait_full();
             const float* sa = smem.sa(ring.stage);
 #pragma unroll
@@ -304,15 +303,12 @@ struct PipelinedKLoop {
 template <int kClusterM, int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize>
 __device__ __forceinline__ void tile_k_loop_pipelined(
     const GroupedGemmParams& p, const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>& smem,
-    RingCursor<kStages>& ring, const Tile& t, u32 a_off, u32 b_off, float (&sum)[1][Fp8Mma::kAccum]) {
+    RingCursor<kStages>& ring, u32 wg, u32 a_off, u32 b_off, float (&sum)[1][Fp8Mma::kAccum]) {
     using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>;
-    const u32 k_blocks = p.k / Layout::kBlockK;
     PipelinedKLoop<kClusterM, BLOCK_M, BLOCK_N, kStages, kGroupSize> loop{
         p, smem, ring, sum[0], a_off, b_off,
-        a_off + (threadIdx.x / 32) % 4 * 16 + threadIdx.x % 32 / 4, 0,
-        reinterpret_cast<const float*>(p.scale_b) +
-            (static_cast<u64>(t.expert) * (p.n / 128) + (t.n0 + b_off) / 128) * k_blocks};
-    loop.run(k_blocks);
+        a_off + (threadIdx.x / 32) % 4 * 16 + threadIdx.x % 32 / 4, 0, smem.scale_b(wg)};
+    loop.run(p.k / Layout::kBlockK);
 }
 
 template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, bool kMasked, int kClusterM,
@@ -345,7 +341,7 @@ __device__ void wgmma_consumer(const GroupedGemmParams& p,
         if constexpr (kPipelined) {
             static_assert(kWaves == 1 && kWaveN == 128 && !kARegs,
                           "v6 runs one-wave 128-column slices, A from shared memory");
-            tile_k_loop_pipelined<kClusterM>(p, smem, ring, t, a_off, b_off, sum);
+            tile_k_loop_pipelined<kClusterM>(p, smem, ring, wg, a_off, b_off, sum);
         } else if constexpr (kWaveN == 192) {
             // 192-column tiles start 0 or 64 columns into a weight scale block, alternately.
             if (t.n0 % 128 != 0) {

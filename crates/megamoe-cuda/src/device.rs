@@ -55,7 +55,8 @@ pub struct GpuProps {
     pub pci_bus: i32,
 }
 
-/// One device's primary context and a stream of its own.
+/// One device's primary context and a stream of its own (a clone shares both).
+#[derive(Clone)]
 pub struct Gpu {
     ordinal: usize,
     ctx: Arc<CudaContext>,

@@ -47,6 +47,20 @@ impl Quantizer {
         rows: usize,
         cols: usize,
     ) -> Result<()> {
+        self.launch_at(gpu, x, (q, 0), (sf, 0), rows, cols)
+    }
+
+    /// [`Self::launch`] with `q` and `sf` at byte offsets inside larger buffers (regions of a
+    /// symmetric buffer, say).
+    pub fn launch_at(
+        &self,
+        gpu: &Gpu,
+        x: &DeviceBuffer,
+        (q, q_offset): (&DeviceBuffer, usize),
+        (sf, sf_offset): (&DeviceBuffer, usize),
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
         if cols % 128 != 0 || cols == 0 {
             return Err(Error::Invalid {
                 arg: "cols",
@@ -61,8 +75,8 @@ impl Quantizer {
         }
         let need = [
             ("x", x, rows * cols * 2),
-            ("q", q, rows * cols),
-            ("sf", sf, rows * cols / 128 * 4),
+            ("q", q, q_offset + rows * cols),
+            ("sf", sf, sf_offset + rows * cols / 128 * 4),
         ];
         for (arg, buf, bytes) in need {
             if buf.bytes() < bytes {
@@ -83,8 +97,8 @@ impl Quantizer {
         }
         let params = QuantParams {
             x: x.ptr(),
-            q: q.ptr(),
-            sf: sf.ptr(),
+            q: q.ptr() + q_offset as u64,
+            sf: sf.ptr() + sf_offset as u64,
             rows: rows as u32,
             cols: cols as u32,
         };

@@ -115,10 +115,12 @@ impl BufferSpec {
     }
 
     /// Most rows one rank can receive: every token of every rank on min(K, E_l) local experts,
-    /// plus the worst padding.
+    /// plus the worst padding, rounded up to whole `max_pad_multiple` blocks (a padded call's
+    /// rows always are; the grouped GEMM views the pool in such blocks).
     pub fn max_rows(&self) -> usize {
-        self.ranks * self.max_tokens * self.topk.min(self.local_experts())
-            + self.local_experts() * (self.max_pad_multiple - 1)
+        let rows = self.ranks * self.max_tokens * self.topk.min(self.local_experts())
+            + self.local_experts() * (self.max_pad_multiple - 1);
+        rows.next_multiple_of(self.max_pad_multiple)
     }
 }
 
@@ -228,8 +230,11 @@ mod tests {
             topk: 4,
             ..s
         };
-        // Only two local experts: a token lands on a rank at most twice.
-        assert_eq!(narrow.max_rows(), 8 * 4096 * 2 + 2 * 127);
+        // Only two local experts: a token lands on a rank at most twice; whole 128-row blocks.
+        assert_eq!(
+            narrow.max_rows(),
+            (8 * 4096 * 2 + 2 * 127_usize).next_multiple_of(128)
+        );
     }
 
     #[test]

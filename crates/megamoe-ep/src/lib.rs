@@ -15,8 +15,8 @@ pub mod world;
 
 pub use error::EpError;
 pub use layout::{BufferLayout, BufferSpec, HandleLayout, RowDtype};
-pub use params::kernel_specs;
+pub use params::{kernel_specs, CombineOrder};
 pub use world::{
-    bytemuck_bf16, Dispatched, EpConfig, EpWorld, Handle, IoRegion, RankPtrs, Rows, SyncMode,
-    DEFAULT_NUM_SMS,
+    bytemuck_bf16, Dispatched, EpConfig, EpWorld, Handle, HandlePtrs, IoRegion, RankPtrs, Rows,
+    SyncMode, DEFAULT_NUM_SMS,
 };

@@ -57,8 +57,9 @@ pub struct DispatchParams {
     pub scales_per_row: i32,
     pub row_bound: i32,
     pub mode: i32,
+    /// 0: output scales row-major `[rows, S]`; else group-major `[S, scales_stride]`.
+    pub scales_stride: i32,
     pub _pad0: i32,
-    pub _pad1: i32,
 }
 
 #[repr(C)]
@@ -68,9 +69,10 @@ pub struct CombineParams {
     pub y: u64,
     pub grad_probs: u64,
     pub with_prob_grads: i32,
+    /// [`CombineOrder`] as its device value.
+    pub order: i32,
     pub _pad0: i32,
     pub _pad1: i32,
-    pub _pad2: i32,
 }
 
 #[repr(C)]
@@ -99,6 +101,15 @@ pub struct ErrorRecord {
 pub const DISPATCH_FULL: i32 = 0;
 pub const DISPATCH_CACHED: i32 = 1;
 pub const DISPATCH_UNPERMUTED: i32 = 2;
+
+/// In which order combine sums a token's copies (f32, one rounding either way).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CombineOrder {
+    /// Ascending global expert id: SPEC §5 `exact`, combine_with_unpermute's order.
+    ExpertId = 0,
+    /// Ascending slot k: SPEC §3 step 5, the MoE layer's combine.
+    Slot = 1,
+}
 
 pub const ERR_OK: u32 = 0;
 pub const ERR_BAD_TOPK: u32 = 2;

@@ -14,7 +14,9 @@ use megamoe_cuda::{jit, DeviceBuffer, Graph, Kernel, LaunchConfig, Rank, Symmetr
 
 use crate::error::EpError;
 use crate::layout::{BufferLayout, BufferSpec, HandleLayout, RowDtype, MAX_RANKS};
-use crate::params::{self, CombineParams, DispatchParams, ErrorRecord, Layout, THREADS};
+use crate::params::{
+    self, CombineOrder, CombineParams, DispatchParams, ErrorRecord, Layout, THREADS,
+};
 
 /// How a call synchronizes with the host.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,6 +36,9 @@ pub struct EpConfig {
     pub num_sms: usize,
     /// Budget of every device-side wait.
     pub deadline: Duration,
+    /// FP8 dispatch output scales group-major, `[H/128, max_rows]` (the grouped GEMM's
+    /// activation-scale layout), instead of row-major `[rows, H/128]`.
+    pub group_major_scales: bool,
 }
 
 /// Default SMs per rank for dispatch and combine (measured: docs/PERF.md).
@@ -46,6 +51,7 @@ impl EpConfig {
             dtype,
             num_sms: DEFAULT_NUM_SMS,
             deadline: DEFAULT_DEADLINE,
+            group_major_scales: false,
         }
     }
 }
@@ -83,6 +89,15 @@ pub struct Handle {
 /// One captured graph per rank.
 pub struct WorldGraph {
     graphs: Vec<Graph>,
+}
+
+/// Device addresses of one rank's part of a handle, for kernels that consume a dispatch.
+#[derive(Clone, Copy, Debug)]
+pub struct HandlePtrs {
+    /// i32 `[E_l]`: each local expert's padded segment size.
+    pub padded: u64,
+    /// i32 `[E_l]`: each local expert's received (unpadded) rows.
+    pub counts: u64,
 }
 
 /// What a blocking dispatch reports per rank.
@@ -209,6 +224,60 @@ impl EpWorld {
         &self.world.ranks()[rank]
     }
 
+    /// Device addresses of rank `rank`'s part of `handle`.
+    pub fn handle_ptrs(&self, handle: &Handle, rank: usize) -> HandlePtrs {
+        let b = handle.blocks[rank].ptr();
+        HandlePtrs {
+            padded: b + self.hlayout.padded as u64,
+            counts: b + self.hlayout.counts as u64,
+        }
+    }
+
+    /// Rows each local expert of rank `rank` received in the dispatch that filled `handle`
+    /// (unpadded), downloaded.
+    pub fn received_rows(&self, handle: &Handle, rank: usize) -> Result<Vec<i32>, EpError> {
+        let mut rows = vec![0i32; self.config.spec.local_experts()];
+        handle.blocks[rank].download_into(self.hlayout.counts, &mut rows)?;
+        Ok(rows)
+    }
+
+    /// Uploads one rank's routing (`topk_idx`, `probs`, `[tokens, K]` each) from the host, for
+    /// calls whose rows are already in the buffer.
+    pub fn upload_routing(
+        &self,
+        rank: usize,
+        tokens: usize,
+        topk_idx: &[i32],
+        probs: &[f32],
+    ) -> Result<(), EpError> {
+        let s = &self.config.spec;
+        if tokens > s.max_tokens {
+            return Err(EpError::input(
+                rank,
+                Error::Capacity {
+                    arg: "tokens",
+                    got: tokens,
+                    capacity: s.max_tokens,
+                },
+            ));
+        }
+        for (arg, got) in [("topk_idx", topk_idx.len()), ("probs", probs.len())] {
+            if got != tokens * s.topk {
+                return Err(EpError::input(
+                    rank,
+                    Error::Length {
+                        arg,
+                        got,
+                        expected: tokens * s.topk,
+                    },
+                ));
+            }
+        }
+        self.io[rank].upload_at(self.io_offsets[0], topk_idx)?;
+        self.io[rank].upload_at(self.io_offsets[1], probs)?;
+        Ok(())
+    }
+
     /// Uploads one rank's dispatch inputs from the host (rows checked against the buffer's dtype).
     pub fn upload_inputs(
         &self,
@@ -243,18 +312,15 @@ impl EpWorld {
         for (arg, got, expected) in [
             ("x", bytes.len(), tokens * row_bytes),
             ("x_scales", scales.len(), tokens * spr),
-            ("topk_idx", topk_idx.len(), tokens * s.topk),
-            ("probs", probs.len(), tokens * s.topk),
         ] {
             if got != expected {
                 return bad(Error::Length { arg, got, expected });
             }
         }
+        self.upload_routing(rank, tokens, topk_idx, probs)?;
         let buf = self.buffer(rank);
         buf.upload_at(self.layout.in_rows, bytes)?;
         buf.upload_at(self.layout.in_scales, scales)?;
-        self.io[rank].upload_at(self.io_offsets[0], topk_idx)?;
-        self.io[rank].upload_at(self.io_offsets[1], probs)?;
         Ok(())
     }
 
@@ -394,6 +460,18 @@ impl EpWorld {
         prob_grads: bool,
         mode: SyncMode,
     ) -> Result<(), EpError> {
+        self.combine(handle, prob_grads, CombineOrder::ExpertId, mode)
+    }
+
+    /// The combine of `comb_rows` into `RankPtrs::y` with the copies of a token summed in
+    /// `order` (unweighted; with `prob_grads` as in [`Self::combine_with_unpermute`]).
+    pub fn combine(
+        &self,
+        handle: &Handle,
+        prob_grads: bool,
+        order: CombineOrder,
+        mode: SyncMode,
+    ) -> Result<(), EpError> {
         self.check_handle(handle)?;
         for r in 0..self.ranks() {
             let p = CombineParams {
@@ -401,6 +479,7 @@ impl EpWorld {
                 y: self.ptrs(r).y,
                 grad_probs: self.ptrs(r).grad_probs,
                 with_prob_grads: prob_grads as i32,
+                order: order as i32,
                 ..Default::default()
             };
             self.rank(r)
@@ -506,6 +585,11 @@ impl EpWorld {
                 scales_per_row: scales_per_row as i32,
                 row_bound: row_bound as i32,
                 mode,
+                scales_stride: if self.config.group_major_scales && scales_per_row > 0 {
+                    self.config.spec.max_rows() as i32
+                } else {
+                    0
+                },
                 ..Default::default()
             };
             debug_assert_eq!(

@@ -53,7 +53,7 @@ pub fn view_rows(problem: &GemmProblem, contiguous_rows: usize) -> usize {
 }
 
 /// Grid, block, shared memory and cluster of `config`'s launch.
-fn launch_config(config: &GemmConfig) -> LaunchConfig {
+pub fn launch_config(config: &GemmConfig) -> LaunchConfig {
     let launch = LaunchConfig::new(config.ctas as u32, THREADS)
         .with_dynamic_smem(config.smem_bytes() as u32);
     if config.cluster_m > 1 {
@@ -73,6 +73,143 @@ pub struct GroupedGemm {
     error: DeviceBuffer,
 }
 
+/// The checked parameters of one launch of `problem` with `config` (tensor maps over the
+/// operands in `ptr`) and the launch's zeroed error word, which they point to; for kernels that
+/// embed the GEMM with an epilogue of their own (the MoE layer's).
+pub fn gemm_params(
+    gpu: &Gpu,
+    problem: &GemmProblem,
+    config: &GemmConfig,
+    contiguous_rows: usize,
+    ptr: GemmPointers,
+) -> Result<(GroupedGemmParams, DeviceBuffer)> {
+    validate(problem)?;
+    if let Layout::Contiguous { pad } = problem.layout {
+        if pad % config.block_m != 0 {
+            return Err(GemmError::Shape {
+                arg: "pad",
+                reason: format!("{pad} is not a multiple of BLOCK_M {}", config.block_m),
+            });
+        }
+        if contiguous_rows % pad != 0 {
+            return Err(GemmError::Shape {
+                arg: "contiguous_rows",
+                reason: format!("{contiguous_rows} is not a multiple of the pad {pad}"),
+            });
+        }
+    }
+    if config.cluster_m > 1
+        && (problem.n % (config.cluster_m * config.block_n) != 0
+            || config.ctas % config.cluster_m != 0)
+    {
+        return Err(GemmError::Shape {
+            arg: "n",
+            reason: format!(
+                "clusters of {} need N ({}) a multiple of {} and an even grid ({})",
+                config.cluster_m,
+                problem.n,
+                config.cluster_m * config.block_n,
+                config.ctas
+            ),
+        });
+    }
+    if !block_n_tiles(problem.n, config.block_n) {
+        return Err(GemmError::Shape {
+            arg: "n",
+            reason: format!(
+                "{} is not a multiple of BLOCK_N {}",
+                problem.n, config.block_n
+            ),
+        });
+    }
+    let (e, n, k, g) = (problem.experts, problem.n, problem.k, problem.group_size);
+    let rows = view_rows(problem, contiguous_rows).max(1);
+    let kg = (k / g) as u64;
+    let tma_a = map_2d(
+        TmaDtype::U8,
+        ptr.a,
+        [k as u64, rows as u64],
+        k as u64,
+        [128, config.block_m as u32],
+        Swizzle::B128,
+    )?;
+    // Clusters load the weight tile in halves (pipeline/tma_producer.cuh).
+    let tma_b = map_2d(
+        TmaDtype::U8,
+        ptr.b,
+        [k as u64, (e * n) as u64],
+        k as u64,
+        [128, (config.block_n / config.cluster_m) as u32],
+        Swizzle::B128,
+    )?;
+    let (sa_inner, sa_outer) = match problem.layout {
+        Layout::Contiguous { .. } => (rows as u64, kg),
+        Layout::Masked { max_m } => (max_m as u64, e as u64 * kg),
+    };
+    let tma_sa = map_2d(
+        TmaDtype::F32,
+        ptr.scale_a,
+        [sa_inner, sa_outer],
+        sa_inner * 4,
+        [config.block_m as u32, (128 / g) as u32],
+        Swizzle::None,
+    )?;
+    // Only the TMA-store epilogue reads it; the output's element size is 2 bytes then.
+    let tma_d = map_2d(
+        TmaDtype::Bf16,
+        ptr.out,
+        [n as u64, rows as u64],
+        (n * problem.out.bytes()) as u64,
+        [64, 64],
+        Swizzle::B128,
+    )?;
+    if config.tma_store && (config.masked || problem.out != OutDtype::Bf16) {
+        return Err(GemmError::Shape {
+            arg: "config",
+            reason: "the TMA-store epilogue writes whole bf16 tiles of the contiguous layout"
+                .into(),
+        });
+    }
+    let error = gpu.alloc_zeroed(4)?;
+    let params = GroupedGemmParams {
+        tma_a,
+        tma_b,
+        tma_sa,
+        tma_d,
+        out: ptr.out,
+        scale_b: ptr.scale_b,
+        expert_rows: ptr.expert_rows,
+        error: error.ptr(),
+        timeout_ns: deadline_ns(DEFAULT_DEADLINE),
+        num_experts: e as u32,
+        n: n as u32,
+        k: k as u32,
+        max_m: match problem.layout {
+            Layout::Masked { max_m } => max_m as u32,
+            Layout::Contiguous { .. } => 0,
+        },
+        group_m: config.group_m as u32,
+        reserved: [0; 3],
+    };
+    Ok((params, error))
+}
+
+/// Whether a device error word reports an expired wait: the error naming the wait.
+pub fn check_error_word(word: u32, kernel: &str) -> Result<()> {
+    if word == 0 {
+        return Ok(());
+    }
+    let what = match word & 0xFFFF {
+        1 => "consumer waiting for a stage's TMA data (full barrier)",
+        2 => "producer waiting for a free stage (empty barrier)",
+        _ => "unknown wait",
+    };
+    Err(GemmError::DeviceTimeout {
+        kernel: kernel.to_string(),
+        what: what.to_string(),
+    })
+}
+
 impl GroupedGemm {
     /// Prepares `problem` with `config`; `contiguous_rows` is the total padded row count of the
     /// contiguous layout (ignored for masked).
@@ -83,114 +220,7 @@ impl GroupedGemm {
         contiguous_rows: usize,
         ptr: GemmPointers,
     ) -> Result<GroupedGemm> {
-        validate(&problem)?;
-        if let Layout::Contiguous { pad } = problem.layout {
-            if pad % config.block_m != 0 {
-                return Err(GemmError::Shape {
-                    arg: "pad",
-                    reason: format!("{pad} is not a multiple of BLOCK_M {}", config.block_m),
-                });
-            }
-            if contiguous_rows % pad != 0 {
-                return Err(GemmError::Shape {
-                    arg: "contiguous_rows",
-                    reason: format!("{contiguous_rows} is not a multiple of the pad {pad}"),
-                });
-            }
-        }
-        if config.cluster_m > 1
-            && (problem.n % (config.cluster_m * config.block_n) != 0
-                || config.ctas % config.cluster_m != 0)
-        {
-            return Err(GemmError::Shape {
-                arg: "n",
-                reason: format!(
-                    "clusters of {} need N ({}) a multiple of {} and an even grid ({})",
-                    config.cluster_m,
-                    problem.n,
-                    config.cluster_m * config.block_n,
-                    config.ctas
-                ),
-            });
-        }
-        if !block_n_tiles(problem.n, config.block_n) {
-            return Err(GemmError::Shape {
-                arg: "n",
-                reason: format!(
-                    "{} is not a multiple of BLOCK_N {}",
-                    problem.n, config.block_n
-                ),
-            });
-        }
-        let (e, n, k, g) = (problem.experts, problem.n, problem.k, problem.group_size);
-        let rows = view_rows(&problem, contiguous_rows).max(1);
-        let kg = (k / g) as u64;
-        let tma_a = map_2d(
-            TmaDtype::U8,
-            ptr.a,
-            [k as u64, rows as u64],
-            k as u64,
-            [128, config.block_m as u32],
-            Swizzle::B128,
-        )?;
-        // Clusters load the weight tile in halves (pipeline/tma_producer.cuh).
-        let tma_b = map_2d(
-            TmaDtype::U8,
-            ptr.b,
-            [k as u64, (e * n) as u64],
-            k as u64,
-            [128, (config.block_n / config.cluster_m) as u32],
-            Swizzle::B128,
-        )?;
-        let (sa_inner, sa_outer) = match problem.layout {
-            Layout::Contiguous { .. } => (rows as u64, kg),
-            Layout::Masked { max_m } => (max_m as u64, e as u64 * kg),
-        };
-        let tma_sa = map_2d(
-            TmaDtype::F32,
-            ptr.scale_a,
-            [sa_inner, sa_outer],
-            sa_inner * 4,
-            [config.block_m as u32, (128 / g) as u32],
-            Swizzle::None,
-        )?;
-        // Only the TMA-store epilogue reads it; the output's element size is 2 bytes then.
-        let tma_d = map_2d(
-            TmaDtype::Bf16,
-            ptr.out,
-            [n as u64, rows as u64],
-            (n * problem.out.bytes()) as u64,
-            [64, 64],
-            Swizzle::B128,
-        )?;
-        if config.tma_store && (config.masked || problem.out != OutDtype::Bf16) {
-            return Err(GemmError::Shape {
-                arg: "config",
-                reason: "the TMA-store epilogue writes whole bf16 tiles of the contiguous layout"
-                    .into(),
-            });
-        }
-        let error = gpu.alloc_zeroed(4)?;
-        let params = GroupedGemmParams {
-            tma_a,
-            tma_b,
-            tma_sa,
-            tma_d,
-            out: ptr.out,
-            scale_b: ptr.scale_b,
-            expert_rows: ptr.expert_rows,
-            error: error.ptr(),
-            timeout_ns: deadline_ns(DEFAULT_DEADLINE),
-            num_experts: e as u32,
-            n: n as u32,
-            k: k as u32,
-            max_m: match problem.layout {
-                Layout::Masked { max_m } => max_m as u32,
-                Layout::Contiguous { .. } => 0,
-            },
-            group_m: config.group_m as u32,
-            reserved: [0; 3],
-        };
+        let (params, error) = gemm_params(gpu, &problem, &config, contiguous_rows, ptr)?;
         let compiled = jit::compile(&kernel_spec(&config))?;
         let kernel = gpu.load(&compiled)?;
         let mut config = config;
@@ -224,18 +254,6 @@ impl GroupedGemm {
     /// Synchronises and turns an expired device wait into an error.
     pub fn check(&self, gpu: &Gpu) -> Result<()> {
         gpu.synchronize()?;
-        let word = self.error.download::<u32>()?[0];
-        if word == 0 {
-            return Ok(());
-        }
-        let what = match word & 0xFFFF {
-            1 => "consumer waiting for a stage's TMA data (full barrier)",
-            2 => "producer waiting for a free stage (empty barrier)",
-            _ => "unknown wait",
-        };
-        Err(GemmError::DeviceTimeout {
-            kernel: self.config.kernel_name(),
-            what: what.to_string(),
-        })
+        check_error_word(self.error.download::<u32>()?[0], &self.config.kernel_name())
     }
 }

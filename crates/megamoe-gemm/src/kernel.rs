@@ -39,7 +39,7 @@ pub fn kernel_spec(config: &GemmConfig) -> KernelSpec {
          extern \"C\" __global__ void __launch_bounds__({THREADS}, 1)\n\
          {name}(const __grid_constant__ megamoe::gemm::GroupedGemmParams p) {{\n\
          \x20   megamoe::gemm::grouped_gemm_fp8<{bm}, {bn}, {stages}, {g}, {masked}, {cluster}, {a_regs},\n\
-         \x20                                   {pipelined}, megamoe::gemm::{epilogue}>(p);\n\
+         \x20                                   {pipelined}, megamoe::gemm::{epilogue}>(p, {{}});\n\
          }}\n",
         bm = config.block_m,
         bn = config.block_n,

@@ -21,7 +21,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the fused MoE layer on a generated batch (the CPU reference where no GPU layer runs).
+    /// Run the MoE layer on a generated batch (on the GPU when one is usable, else the CPU
+    /// reference).
     Run(cmd::run::RunArgs),
     /// Symmetric-buffer sizes (split vs fused) and the schedule of one preset.
     Plan(cmd::plan::PlanArgs),
@@ -44,6 +45,8 @@ enum Bench {
     Quant(cmd::bench_quant::Args),
     /// Dispatch and combine with fused permute, against the NCCL all-to-all path.
     Dispatch(cmd::bench_dispatch::Args),
+    /// The MoE layer against its floor and our two GEMMs alone, arms interleaved.
+    Layer(cmd::bench_layer::Args),
 }
 
 fn main() -> ExitCode {
@@ -57,6 +60,7 @@ fn main() -> ExitCode {
         Command::Bench(Bench::Nvlink(args)) => cmd::bench_nvlink::run(args),
         Command::Bench(Bench::Quant(args)) => cmd::bench_quant::run(args),
         Command::Bench(Bench::Dispatch(args)) => cmd::bench_dispatch::run(args),
+        Command::Bench(Bench::Layer(args)) => cmd::bench_layer::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -6,6 +6,6 @@ pub mod rng;
 mod validate;
 
 pub use generate::{generate_rank, generate_world, token_counts, RoutingKind, RoutingSpec};
-pub use validate::{check_topk_idx, validate_rank, validate_world};
+pub use validate::{check_slot_weights, check_topk_idx, validate_rank, validate_world};
 
-pub(crate) use validate::{check_len, check_slot_weights, on_rank};
+pub(crate) use validate::{check_len, on_rank};

@@ -104,7 +104,7 @@ pub fn check_topk_idx(arg: &'static str, shape: Shape, topk_idx: &[i32]) -> Resu
 }
 
 /// Weights of valid slots must be finite; masked slots' weights are never read.
-pub(crate) fn check_slot_weights(
+pub fn check_slot_weights(
     arg: &'static str,
     topk: usize,
     topk_idx: &[i32],

@@ -25,6 +25,11 @@ constexpr int kDispatchDynamicSmem = (2 * kWarps + 1) * kChunkBytes;  // DISPATC
 enum Signal : int { kDispatchReady = 0, kDispatchDone = 1, kCombineReady = 2, kCombineDone = 3, kNumSignals = 4 };
 // Kernel families: each keeps its own call counter (epoch) in the local buffer.
 enum Family : int { kDispatchFamily = 0, kCombineFamily = 1 };
+// CombineParams::order. Both sum in f32 and round once.
+enum CombineOrder : int {
+    kExpertOrder = 0,  // ascending global expert id (SPEC §5 `exact`)
+    kSlotOrder = 1,    // ascending slot k (SPEC §3 step 5, the MoE layer's combine)
+};
 // Error codes of the device error record (a wait past its deadline is recorded in the rank's
 // `megamoe::comm::WaitRecord` instead).
 enum ErrorCode : u32 { kOk = 0, kBadTopk = 2, kOverflow = 3 };
@@ -48,14 +53,18 @@ struct DispatchParams {
     Layout l;
     u64 topk_idx;  // [T, K] i32, this rank's routing (full mode), 16-byte aligned
     u64 probs;     // [T, K] f32 (full mode)
-    int tokens, pad_multiple, row_bytes, scales_per_row, row_bound, mode, _pad0, _pad1;
+    int tokens, pad_multiple, row_bytes, scales_per_row, row_bound, mode;
+    int scales_stride;  // 0: output scales row-major [rows, S]; else group-major [S, scales_stride]
+    int _pad0;
 };
 
 struct CombineParams {
     Layout l;
     u64 y;           // [T, H] bf16 output
     u64 grad_probs;  // [T, K] f32 output, or 0
-    int with_prob_grads, _pad0, _pad1, _pad2;
+    int with_prob_grads;
+    int order;  // CombineOrder: the order in which a token's copies are summed
+    int _pad0, _pad1;
 };
 
 struct GatherParams {

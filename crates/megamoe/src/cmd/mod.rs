@@ -2,6 +2,7 @@
 
 pub mod bench_dispatch;
 pub mod bench_gemm;
+pub mod bench_layer;
 pub mod bench_nvlink;
 pub mod bench_quant;
 pub mod info;

@@ -1,11 +1,15 @@
-//! `megamoe run`: runs the fused MoE layer on a generated batch and reports time, accuracy
-//! against the unquantized f64 layer and a hash of the output bits.
+//! `megamoe run`: runs the MoE layer on a generated batch (on the GPU when one is usable, else
+//! the CPU reference) and reports time, accuracy against the CPU reference and the unquantized
+//! f64 layer, and a hash of the output bits.
 
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
+use half::bf16;
+use megamoe_core::reference::PerRank;
 use megamoe_core::routing::{generate_world, RoutingKind, RoutingSpec};
-use megamoe_core::{diff, fused_layer_and_f64, LayerOptions, Preset, WeightGen};
+use megamoe_core::{diff, fused_layer_and_f64, LayerOptions, Preset, WeightGen, WorldInputs};
+use megamoe_layer::{Activations, LayerSpec, RankInput, SplitLayer};
 use serde::Serialize;
 
 use crate::progress::Progress;
@@ -45,6 +49,13 @@ pub struct RunArgs {
     /// Where the layer runs.
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
     backend: Backend,
+    /// The GPU layer's form.
+    #[arg(long, value_enum, default_value_t = KernelArg::Split)]
+    kernel: KernelArg,
+    /// GPU backend: also compute the CPU reference and report `diff_vs_reference` and
+    /// `diff_vs_f64` (done without asking where the reference is cheap, e.g. tiny).
+    #[arg(long)]
+    check: bool,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -58,16 +69,27 @@ enum RoutingArg {
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Backend {
-    /// The GPU layer where this build has one for the machine, else the CPU reference (and a
-    /// note that says why).
+    /// The GPU layer when a GPU is usable, else the CPU reference (and a note that says why).
     Auto,
     /// The CPU reference (SPEC §3).
     Cpu,
+    /// The GPU layer; an error when no GPU is usable.
+    Gpu,
+}
+
+/// The GPU layer's form (SPEC §4).
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum KernelArg {
+    /// Dispatch, L1 GEMM + SwiGLU + re-quantization, L2 GEMM, combine.
+    Split,
 }
 
 #[derive(Serialize)]
 struct RunReport {
     backend: &'static str,
+    /// The GPU layer's form; absent on the CPU backend.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kernel: Option<&'static str>,
     preset: &'static str,
     ranks: usize,
     tokens_per_rank: usize,
@@ -77,16 +99,27 @@ struct RunReport {
     group: usize,
     /// Wall time of the layer (input generation excluded). The CPU reference computes the f64
     /// layer in the same pass over the experts (both share each generated weight strip), so on
-    /// the CPU this is the time of both.
+    /// the CPU this is the time of both. On the GPU: one forward call as a caller sees it
+    /// (uploads, kernels, downloads), after a first call of the same batch.
     time_ms: f64,
     /// FLOPs of the valid slots over `time_ms`.
     tflops: f64,
-    diff_vs_f64: f64,
+    /// Distance to the unquantized f64 layer (the FP8 cost); null on the GPU when the CPU
+    /// reference was not computed (see `--check`).
+    diff_vs_f64: Option<f64>,
+    /// GPU only: distance to the CPU reference on the same batch (SPEC §3 promises <= 1e-4);
+    /// null when not computed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    diff_vs_reference: Option<Option<f64>>,
     output_hash: String,
-    /// Why `--backend auto` ran the CPU reference (absent for `--backend cpu`).
+    /// Why `--backend auto` ran the CPU reference (absent otherwise).
     #[serde(skip_serializing_if = "Option::is_none")]
     note: Option<String>,
 }
+
+/// Weights of a whole shape up to which `run` computes the CPU reference beside the GPU layer
+/// without `--check` (tiny: 1.6 M; flash: 6.4 G, tens of seconds of CPU time).
+const CHEAP_REFERENCE_WEIGHTS: usize = 64 << 20;
 
 pub fn run(args: &RunArgs) -> Result<(), Box<dyn std::error::Error>> {
     let preset = Preset::by_name(&args.preset)?;
@@ -108,22 +141,14 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn std::error::Error>> {
         uneven_tokens: args.uneven,
         seed: args.seed,
     };
-    let (backend, note) = choose_backend(args.backend);
+    let (gpu, note) = choose_backend(args.backend)?;
 
     let world = generate_world(shape, args.ranks, args.tokens, &spec)?;
     let weights = WeightGen::new(shape, args.seed);
-
-    let bar = Progress::new("layer and f64 ");
-    let start = Instant::now();
-    let (out, exact) = fused_layer_and_f64(&world, &weights, &options, &|done, total| {
-        bar.update(done, total)
-    })?;
-    let time_ms = start.elapsed().as_secs_f64() * 1e3;
-    bar.finish();
-
     let valid_slots = world.valid_slots();
-    let report = RunReport {
-        backend,
+    let mut report = RunReport {
+        backend: if gpu { "gpu" } else { "cpu" },
+        kernel: None,
         preset: preset.name,
         ranks: args.ranks,
         tokens_per_rank: args.tokens,
@@ -131,12 +156,44 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn std::error::Error>> {
         valid_slots,
         routing: spec,
         group: options.group,
-        time_ms,
-        tflops: valid_slots as f64 * shape.flops_per_slot() / (time_ms * 1e-3) / 1e12,
-        diff_vs_f64: diff::diff_bf16_f64(&out, &exact),
-        output_hash: format!("{:016x}", diff::output_hash(&out)),
+        time_ms: 0.0,
+        tflops: 0.0,
+        diff_vs_f64: None,
+        diff_vs_reference: None,
+        output_hash: String::new(),
         note,
     };
+    let reference = |label: &str| {
+        let bar = Progress::new(label);
+        let out = fused_layer_and_f64(&world, &weights, &options, &|done, total| {
+            bar.update(done, total)
+        });
+        bar.finish();
+        out
+    };
+    let out = if gpu {
+        let (out, time_ms) = gpu_layer(&world, &weights, &options)?;
+        report.kernel = Some(match args.kernel {
+            KernelArg::Split => "split",
+        });
+        report.time_ms = time_ms;
+        let cheap = shape.experts * 3 * shape.hidden * shape.inter <= CHEAP_REFERENCE_WEIGHTS;
+        report.diff_vs_reference = Some(None);
+        if args.check || cheap {
+            let (want, exact) = reference("CPU reference ")?;
+            report.diff_vs_reference = Some(Some(diff::diff_bf16(&out, &want)));
+            report.diff_vs_f64 = Some(diff::diff_bf16_f64(&out, &exact));
+        }
+        out
+    } else {
+        let start = Instant::now();
+        let (out, exact) = reference("layer and f64 ")?;
+        report.time_ms = start.elapsed().as_secs_f64() * 1e3;
+        report.diff_vs_f64 = Some(diff::diff_bf16_f64(&out, &exact));
+        out
+    };
+    report.tflops = valid_slots as f64 * shape.flops_per_slot() / (report.time_ms * 1e-3) / 1e12;
+    report.output_hash = format!("{:016x}", diff::output_hash(&out));
     if let Some(note) = &report.note {
         eprintln!("megamoe run: {note}");
     }
@@ -148,25 +205,66 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// The backend `--backend` runs on in this build, and for `auto` a note saying why: the GPU
-/// layer is not part of the build yet, so `auto` runs the CPU reference on every machine.
-fn choose_backend(backend: Backend) -> (&'static str, Option<String>) {
-    let note = match backend {
-        Backend::Cpu => None,
-        // A missing driver is "no GPU" too; `megamoe info` says what was looked for.
-        Backend::Auto => Some(match megamoe_cuda::device_count().unwrap_or(0) {
-            0 => "no GPU: running the CPU reference".to_string(),
-            gpus => format!(
-                "{gpus} GPU(s) visible, but this build has no GPU layer yet: running the CPU reference"
-            ),
-        }),
-    };
-    ("cpu", note)
+/// The GPU layer on `world`: builds it (T_max = the largest T), runs the batch once, then once
+/// more timed; both runs must give the same bits.
+fn gpu_layer(
+    world: &WorldInputs,
+    weights: &WeightGen,
+    options: &LayerOptions,
+) -> Result<(PerRank<bf16>, f64), Box<dyn std::error::Error>> {
+    let ranks = world.num_ranks();
+    let max_tokens = world
+        .ranks
+        .iter()
+        .map(|r| r.tokens)
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let mut spec = LayerSpec::new(world.shape, ranks, max_tokens);
+    spec.group = options.group;
+    spec.clamp = options.clamp;
+    let bar = Progress::new("weights ");
+    let mut layer = SplitLayer::new(spec, |r| {
+        bar.update(r, ranks);
+        weights.rank_fp8(r, ranks)
+    })?;
+    bar.finish();
+    let inputs: Vec<RankInput> = world
+        .ranks
+        .iter()
+        .map(|r| RankInput {
+            x: Activations::Bf16(&r.x),
+            topk_idx: &r.topk_idx,
+            topk_weights: &r.topk_weights,
+        })
+        .collect();
+    let first = layer.forward(&inputs, None)?;
+    let start = Instant::now();
+    let second = layer.forward(&inputs, None)?;
+    let time_ms = start.elapsed().as_secs_f64() * 1e3;
+    if first != second {
+        return Err("the GPU layer gave other bits on a second run of the same batch".into());
+    }
+    Ok((second, time_ms))
+}
+
+/// Whether `--backend` runs the GPU layer, and for `auto` on a machine without a usable GPU a
+/// note saying why the CPU reference runs instead.
+fn choose_backend(backend: Backend) -> Result<(bool, Option<String>), Box<dyn std::error::Error>> {
+    // A missing driver is "no GPU" too; `megamoe info` says what was looked for.
+    let gpus = megamoe_cuda::device_count();
+    Ok(match (backend, gpus) {
+        (Backend::Cpu, _) => (false, None),
+        (Backend::Gpu | Backend::Auto, Ok(n)) if n > 0 => (true, None),
+        (Backend::Gpu, Ok(_)) => return Err("--backend gpu: no GPU is visible".into()),
+        (Backend::Gpu, Err(e)) => return Err(format!("--backend gpu: {e}").into()),
+        (Backend::Auto, _) => (false, Some("no GPU: running the CPU reference".to_string())),
+    })
 }
 
 fn print_table(r: &RunReport, shape: &megamoe_core::Shape) {
     println!(
-        "megamoe run: {} (H {}, I {}, E {}, top-{}), {} ranks x {} tokens, G {}, backend {}",
+        "megamoe run: {} (H {}, I {}, E {}, top-{}), {} ranks x {} tokens, G {}, backend {}{}",
         r.preset,
         shape.hidden,
         shape.inter,
@@ -175,14 +273,28 @@ fn print_table(r: &RunReport, shape: &megamoe_core::Shape) {
         r.ranks,
         r.tokens_per_rank,
         r.group,
-        r.backend
+        r.backend,
+        r.kernel.map_or(String::new(), |k| format!(" ({k})"))
+    );
+    let sci = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3e}"));
+    println!(
+        "{:>8} {:>12} {:>12} {:>10} {:>14} {:>14} {:>18}",
+        "tokens",
+        "valid slots",
+        "time (ms)",
+        "TFLOP/s",
+        "diff vs ref",
+        "diff vs f64",
+        "output hash"
     );
     println!(
-        "{:>8} {:>12} {:>12} {:>10} {:>14} {:>18}",
-        "tokens", "valid slots", "time (ms)", "TFLOP/s", "diff vs f64", "output hash"
-    );
-    println!(
-        "{:>8} {:>12} {:>12.2} {:>10.4} {:>14.3e} {:>18}",
-        r.tokens, r.valid_slots, r.time_ms, r.tflops, r.diff_vs_f64, r.output_hash
+        "{:>8} {:>12} {:>12.2} {:>10.4} {:>14} {:>14} {:>18}",
+        r.tokens,
+        r.valid_slots,
+        r.time_ms,
+        r.tflops,
+        sci(r.diff_vs_reference.flatten()),
+        sci(r.diff_vs_f64),
+        r.output_hash
     );
 }

@@ -1,5 +1,5 @@
 //! `megamoe selftest`: every GPU check the binary holds (the runtime's, the grouped GEMM's,
-//! then dispatch/combine's), pass/fail per check.
+//! dispatch/combine's, then the layer's), pass/fail per check.
 
 use megamoe_cuda::Gpu;
 use std::time::Instant;
@@ -35,6 +35,9 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         checks.push((check.name, run));
     }
     for check in megamoe_ep::selftest::gpu_checks() {
+        checks.push((check.name, check.run));
+    }
+    for check in megamoe_layer::selftest::gpu_checks() {
         checks.push((check.name, check.run));
     }
     checks.retain(|(name, _)| args.only.as_deref().is_none_or(|o| name.contains(o)));

@@ -1,12 +1,13 @@
 // combine_with_unpermute (SPEC §5): every rank PULLS the rows of its own tokens from their
 // permuted positions on the experts' owners and reduces them on the spot:
-// y_t = bf16(Σ f32(row) over the token's slots in ascending global expert id), one rounding.
+// y_t = bf16(Σ f32(row) over the token's slots in ascending global expert id, or in ascending
+// slot for the MoE layer), one rounding.
 // The same kernel is dispatch's backward: rows are then the row gradients, and with
 // `with_prob_grads` each slot's prob gradient is read back into [T, K].
 //
 //   1. raise kCombineReady (this rank's rows were written before the launch); wait for it from
 //      every rank.
-//   2. warp per token: sort the valid slots by expert id, then for each 16-byte column chunk load
+//   2. warp per token: order the valid slots, then for each 16-byte column chunk load
 //      every copy (all in flight at once), add in order in f32, round once, store.
 //   3. raise kCombineDone on every rank; wait until every rank is done reading our rows.
 #pragma once
@@ -34,14 +35,14 @@ __device__ void combine_tokens(const CombineParams& p) {
     for (int t = blockIdx.x * kWarps + (threadIdx.x >> 5); t < T; t += gridDim.x * kWarps) {
         const int e = lane < K ? idx[t * K + lane] : -1;
         const int r = lane < K ? send_row[t * K + lane] : -1;
-        // Position of this slot among the token's valid slots in ascending expert order.
+        // Position of this slot among the token's valid slots in the call's order.
         int order = 0, valid = 0;
 #pragma unroll
         for (int k = 0; k < kMaxTopk; ++k) {
             const int ek = __shfl_sync(0xffffffffu, e, k);
             if (k < K && ek >= 0) {
                 ++valid;
-                if (ek < e) ++order;
+                if (p.order == kSlotOrder ? k < lane : ek < e) ++order;
             }
         }
         // Copy j (ascending expert) comes from lane `order == j`.

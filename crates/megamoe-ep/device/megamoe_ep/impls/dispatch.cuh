@@ -59,6 +59,12 @@ __device__ __forceinline__ int* handle_i32(const Layout& l, u64 off) {
     return reinterpret_cast<int*>(l.handle + off);
 }
 
+// Where scale c of output row `row` goes: row-major [rows, S], or group-major [S, stride] (the
+// grouped GEMM's TMA layout) when the call asks for it.
+__device__ __forceinline__ size_t scale_index(const DispatchParams& p, int row, int c) {
+    return p.scales_stride ? size_t(c) * p.scales_stride + row : size_t(row) * p.scales_per_row + c;
+}
+
 // Dynamic shared memory: [kWarps][2] row chunks, then one chunk of zeros.
 extern __shared__ __align__(128) char dispatch_smem[];
 __device__ __forceinline__ char* warp_chunks() { return dispatch_smem + (threadIdx.x >> 5) * 2 * kChunkBytes; }
@@ -323,8 +329,8 @@ __device__ void zero_padding(const DispatchParams& p, DispatchShared& s) {
         char* dst = me + l.off_out_rows + size_t(row) * p.row_bytes;
         for (int c = lane * kChunkBytes; c < p.row_bytes; c += 32 * kChunkBytes)
             ptx::bulk_store(dst + c, zero_chunk(), min(kChunkBytes, p.row_bytes - c));
-        float* sc = reinterpret_cast<float*>(me + l.off_out_scales) + size_t(row) * p.scales_per_row;
-        for (int c = lane; c < p.scales_per_row; c += 32) sc[c] = 0.f;
+        float* sc = reinterpret_cast<float*>(me + l.off_out_scales);
+        for (int c = lane; c < p.scales_per_row; c += 32) sc[scale_index(p, row, c)] = 0.f;
         if (lane == 0 && p.mode == kFull) reinterpret_cast<float*>(me + l.off_out_probs)[row] = 0.f;
     }
     ptx::bulk_commit_group();
@@ -427,7 +433,7 @@ __device__ void pull_rows(const DispatchParams& p, const DispatchShared& s) {
                 const float sc = sin[c];
 #pragma unroll
                 for (int k = 0; k < kMaxTopk; ++k)
-                    if (drow[k] >= 0) sout[size_t(drow[k]) * S + c] = sc;
+                    if (drow[k] >= 0) sout[scale_index(p, drow[k], c)] = sc;
             }
         }
         if (p.mode == kFull && row >= 0) reinterpret_cast<float*>(out + l.off_out_probs)[row] = prob;

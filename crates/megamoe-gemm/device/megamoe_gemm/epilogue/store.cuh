@@ -1,8 +1,10 @@
-// Epilogues: what happens to a warpgroup's finished 64 x N f32 slice (N = 64 or 128). A policy
+// Epilogues: what happens to a warpgroup's finished slice of a tile, 64 rows by kWaves waves of
+// kWaveN columns (wave w starts at column col0 + w * kWaveN). An epilogue is an object (empty, or
+// the small params struct of its own that the kernel passes in) with store() and finish(); it
 // receives the accumulators in the wgmma m64nNk32 register layout (thread = warp w, lane l;
-// register i holds row 16w + l/4 + 8*((i/2)%2), column 8*(i/4) + 2*(l%4) + i%2) and owns
-// everything after the mainloop; the L1 SwiGLU + routing weight + re-quantisation epilogue is
-// another policy of the same shape.
+// register i of a wave holds row 16w + l/4 + 8*((i/2)%2), column 8*(i/4) + 2*(l%4) + i%2) and
+// owns everything after the mainloop. The layer's L1 SwiGLU + routing weight + re-quantization
+// epilogue is another object of the same shape (megamoe-layer).
 #pragma once
 #include <megamoe/common.cuh>
 #include <megamoe/ptx/convert.cuh>
@@ -17,10 +19,17 @@ namespace megamoe::gemm {
 // rows >= rows_valid are left alone (the masked layout's rows past an expert's count).
 template <typename Out>
 struct StoreRows {
+    template <int kWaves, int kAccum>
+    __device__ __forceinline__ void store(const GroupedGemmParams& p, u8* /*staging*/, u32 /*wg*/,
+                                          u32 row0, u32 col0, u32 rows_valid,
+                                          const float (&acc)[kWaves][kAccum]) const {
+#pragma unroll
+        for (int w = 0; w < kWaves; ++w) store_wave(p, row0, col0 + w * 2 * kAccum, rows_valid, acc[w]);
+    }
+
     template <int kAccum>
-    __device__ __forceinline__ static void store(const GroupedGemmParams& p, u8* /*staging*/,
-                                                 u32 /*wg*/, u32 row0, u32 col0, u32 rows_valid,
-                                                 const float (&acc)[kAccum]) {
+    __device__ __forceinline__ static void store_wave(const GroupedGemmParams& p, u32 row0, u32 col0,
+                                                      u32 rows_valid, const float (&acc)[kAccum]) {
         void* out = reinterpret_cast<void*>(p.out);
         const u32 ld = p.n;
         const u32 lane = threadIdx.x % 32;
@@ -47,7 +56,7 @@ struct StoreRows {
         }
     }
 
-    __device__ __forceinline__ static void finish() {}
+    __device__ __forceinline__ void finish() const {}
 };
 
 // bf16 output through shared memory and TMA stores (every row of the slice is written, so only
@@ -55,10 +64,17 @@ struct StoreRows {
 // warpgroup already runs the next tile's mainloop; the staging tile is reused once the previous
 // store has read it.
 struct TmaStoreBf16 {
+    template <int kWaves, int kAccum>
+    __device__ __forceinline__ void store(const GroupedGemmParams& p, u8* staging, u32 wg, u32 row0,
+                                          u32 col0, u32 /*rows_valid*/,
+                                          const float (&acc)[kWaves][kAccum]) const {
+#pragma unroll
+        for (int w = 0; w < kWaves; ++w) store_wave(p, staging, wg, row0, col0 + w * 2 * kAccum, acc[w]);
+    }
+
     template <int kAccum>
-    __device__ __forceinline__ static void store(const GroupedGemmParams& p, u8* staging, u32 wg,
-                                                 u32 row0, u32 col0, u32 /*rows_valid*/,
-                                                 const float (&acc)[kAccum]) {
+    __device__ __forceinline__ static void store_wave(const GroupedGemmParams& p, u8* staging, u32 wg,
+                                                      u32 row0, u32 col0, const float (&acc)[kAccum]) {
         static_assert(kAccum % 32 == 0, "64-column halves of a wgmma slice");
         const u32 lane = threadIdx.x % 32;
         const u32 warp = (threadIdx.x / 32) % 4;
@@ -92,7 +108,7 @@ struct TmaStoreBf16 {
         }
     }
 
-    __device__ __forceinline__ static void finish() {
+    __device__ __forceinline__ void finish() const {
         if (threadIdx.x % 128 == 0) ptx::bulk_wait_group_all();
     }
 };

@@ -23,7 +23,7 @@ constexpr u32 kConsumerRegs = 232;
 
 template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, bool kMasked, int kClusterM,
           bool kARegs, bool kPipelined, typename Epilogue>
-__device__ __forceinline__ void grouped_gemm_fp8(const GroupedGemmParams& p) {
+__device__ __forceinline__ void grouped_gemm_fp8(const GroupedGemmParams& p, const Epilogue& epi) {
     using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>;
     extern __shared__ u8 smem_raw[];
     // Swizzled tiles need a 1 KiB-aligned base; the launch asks for 1 KiB of slack.
@@ -61,7 +61,7 @@ __device__ __forceinline__ void grouped_gemm_fp8(const GroupedGemmParams& p) {
         ptx::setmaxnreg_inc<kConsumerRegs>();
         wgmma_consumer<BLOCK_M, BLOCK_N, kStages, kGroupSize, kMasked, kClusterM, kARegs, kPipelined,
                        Epilogue>(
-            p, smem, warp / 4);
+            p, epi, smem, warp / 4);
     }
     if constexpr (kClusterM > 1) ptx::cluster_sync();
 }

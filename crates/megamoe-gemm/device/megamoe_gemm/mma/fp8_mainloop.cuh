@@ -313,7 +313,7 @@ __device__ __forceinline__ void tile_k_loop_pipelined(
 
 template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, bool kMasked, int kClusterM,
           bool kARegs, bool kPipelined, typename Epilogue>
-__device__ void wgmma_consumer(const GroupedGemmParams& p,
+__device__ void wgmma_consumer(const GroupedGemmParams& p, const Epilogue& epi,
                                const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>& smem,
                                u32 wg) {
     using Sched = TileScheduler<BLOCK_M, BLOCK_N, kMasked, kClusterM>;
@@ -357,14 +357,10 @@ __device__ void wgmma_consumer(const GroupedGemmParams& p,
         more = sched.next(next);
         if (more) scales.load(p, next, b_off);
         const u32 rows_valid = t.rows_valid > a_off ? t.rows_valid - a_off : 0;
-#pragma unroll
-        for (int w = 0; w < kWaves; ++w) {
-            Epilogue::store(p, smem.staging(wg), wg, t.a_row + a_off, t.n0 + b_off + w * kWaveN,
-                            rows_valid, sum[w]);
-        }
+        epi.store(p, smem.staging(wg), wg, t.a_row + a_off, t.n0 + b_off, rows_valid, sum);
         t = next;
     }
-    Epilogue::finish();
+    epi.finish();
 }
 
 }  // namespace megamoe::gemm

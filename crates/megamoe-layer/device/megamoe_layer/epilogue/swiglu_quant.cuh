@@ -1,0 +1,92 @@
+// The L1 epilogue of the MoE layer (SPEC §3 steps 2-3): SwiGLU with the optional clamp, the
+// routing weight of the row, then re-quantization to e4m3 per G columns (floor 1e-10), written
+// as the L2 GEMM's activations: rows like the L1 input, I columns, scales group-major.
+//
+// It needs gate and up of the same intermediate column in the same thread: the weights are
+// loaded with W1's 128-row blocks interleaved (gate block j, up block j, ...; src/weights.rs),
+// and the L1 GEMM runs 128 x 256 tiles, so wave 0 of a warpgroup's slice holds gate columns
+// 128j..128j+127 and wave 1 the up columns of the same intermediate columns, register for
+// register (layout in megamoe_gemm/epilogue/store.cuh). A row's 128 columns of a wave are held
+// by the four lanes of a quad, so a G group's amax is two shuffles away.
+#pragma once
+#include <megamoe/common.cuh>
+#include <megamoe/ptx/convert.cuh>
+#include <megamoe_gemm/impls/grouped_gemm_params.cuh>
+
+namespace megamoe::layer {
+
+struct SwigluQuant {
+    u64 out;         // e4m3 [rows, inter]
+    u64 out_scales;  // f32 [inter / group, rows_ld]
+    u64 weights;     // f32 [rows]: the routing weight of each row (0 on padding rows)
+    u32 rows_ld;     // rows of the pool: the stride of out_scales
+    u32 inter;       // I
+    u32 group;       // G, 64 or 128
+    u32 has_clamp;
+    float clamp;
+    u32 reserved[5];
+
+    template <int kWaves, int kAccum>
+    __device__ __forceinline__ void store(const gemm::GroupedGemmParams& /*p*/, u8* /*staging*/,
+                                          u32 /*wg*/, u32 row0, u32 col0, u32 /*rows_valid*/,
+                                          const float (&acc)[kWaves][kAccum]) const {
+        static_assert(kWaves == 2 && kAccum == 64, "128 x 256 tiles: a gate wave and an up wave");
+        const u32 lane = threadIdx.x % 32;
+        const u32 r = (threadIdx.x / 32) % 4 * 16 + lane / 4;
+        // Intermediate columns of this slice: the tile's 256 interleaved columns hold 128.
+        const u32 c0 = col0 / 2;
+        const float* w = reinterpret_cast<const float*>(weights);
+        u8* q = reinterpret_cast<u8*>(out);
+        float* sf_out = reinterpret_cast<float*>(out_scales);
+        constexpr int kJ = kAccum / 4;  // 8-column groups of the wave
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const u32 row = row0 + r + 8 * half;
+            const float weight = w[row];
+            float a[kJ][2];
+#pragma unroll
+            for (int j = 0; j < kJ; ++j) {
+#pragma unroll
+                for (int b = 0; b < 2; ++b) {
+                    float g = acc[0][4 * j + 2 * half + b];
+                    float u = acc[1][4 * j + 2 * half + b];
+                    if (has_clamp) {
+                        g = fminf(g, clamp);
+                        u = fminf(fmaxf(u, -clamp), clamp);
+                    }
+                    // silu(g) = g / (1 + e^-g), f32 as the reference (it rounds e^-g from f64).
+                    a[j][b] = g / (1.0f + expf(-g)) * u * weight;
+                }
+            }
+            // One or two G groups of the wave's 128 columns: j < kJ / 2 or >= kJ / 2 for G = 64.
+            const int groups = group == 64 ? 2 : 1;
+            const int per_group = kJ / groups;
+            for (int gi = 0; gi < groups; ++gi) {
+                float amax = 0.0f;
+#pragma unroll
+                for (int j = 0; j < kJ; ++j) {
+                    if (j / per_group != gi) continue;
+                    amax = fmaxf(amax, fmaxf(fabsf(a[j][0]), fabsf(a[j][1])));
+                }
+                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+                const float sf = fmaxf(amax, 1e-10f) / 448.0f;
+                const float inv = 1.0f / sf;
+#pragma unroll
+                for (int j = 0; j < kJ; ++j) {
+                    if (j / per_group != gi) continue;
+                    const u32 col = c0 + 8 * j + 2 * (lane % 4);
+                    *reinterpret_cast<u16*>(q + static_cast<u64>(row) * inter + col) =
+                        ptx::e4m3x2(a[j][0] * inv, a[j][1] * inv);
+                }
+                if (lane % 4 == 0) {
+                    sf_out[static_cast<u64>(c0 / group + gi) * rows_ld + row] = sf;
+                }
+            }
+        }
+    }
+
+    __device__ __forceinline__ void finish() const {}
+};
+
+}  // namespace megamoe::layer

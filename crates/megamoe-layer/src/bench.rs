@@ -1,0 +1,171 @@
+//! `megamoe bench layer`: the layer's device time against its floor and against our two grouped
+//! GEMMs alone on the same routing (SPEC §8): per token count, arms interleaved in rounds (A B,
+//! B A, A B), CUDA events around each call on every rank's stream (the slowest rank counts),
+//! median of `iters` calls per arm and round, the median over rounds and the band of per-round
+//! ratios.
+
+use megamoe_core::numerics::INPUT_SCALE_FLOOR;
+use megamoe_core::quant::{quantize_rows, INPUT_GROUP};
+use megamoe_core::routing::{generate_world, RoutingSpec};
+use megamoe_core::{Shape, WeightGen};
+use megamoe_cuda::bench::Stats;
+use megamoe_gemm::bench::{HBM_BYTES_PER_S, PEAK_FLOPS};
+
+use crate::error::Result;
+use crate::spec::LayerSpec;
+use crate::split::{Activations, RankInput, SplitLayer};
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct LayerBench {
+    pub shape: Shape,
+    pub ranks: usize,
+    /// Tokens per rank of each cell; the buffers are sized for the largest.
+    pub tokens: Vec<usize>,
+    pub routing: RoutingSpec,
+    pub rounds: usize,
+    pub iters: usize,
+    /// Blocks per rank for dispatch and combine (None: the layer's default).
+    pub comm_sms: Option<usize>,
+}
+
+/// One measured cell.
+#[derive(Clone, Debug)]
+pub struct LayerRow {
+    pub tokens: usize,
+    pub valid_slots: usize,
+    /// The split layer (dispatch, L1, L2, combine), median over rounds, µs.
+    pub split_us: f64,
+    /// L1 (plain bf16 output) + L2 GEMMs alone on the same pool, median over rounds, µs.
+    pub gemms_us: f64,
+    /// Band of per-round split / GEMMs ratios.
+    pub ratio_min: f64,
+    pub ratio_max: f64,
+    /// max(FLOPs / peak, weight bytes of the experts that receive rows / HBM), µs.
+    pub floor_us: f64,
+    /// Valid-slot TFLOP/s of the split layer.
+    pub tflops: f64,
+}
+
+/// Runs every cell.
+pub fn run(b: &LayerBench, progress: &dyn Fn(&str)) -> Result<Vec<LayerRow>> {
+    let max_tokens = b.tokens.iter().copied().max().unwrap_or(1).max(1);
+    let mut spec = LayerSpec::new(b.shape, b.ranks, max_tokens);
+    spec.comm_sms = b.comm_sms;
+    let gen = WeightGen::new(b.shape, b.routing.seed);
+    progress("generating and loading the weights");
+    let mut layer = SplitLayer::new(spec, |r| gen.rank_fp8(r, b.ranks))?;
+    let mut rows = Vec::new();
+    for &tokens in &b.tokens {
+        progress(&format!("{tokens} tokens per rank"));
+        let world = generate_world(b.shape, b.ranks, tokens, &b.routing)?;
+        let quant: Vec<_> = world
+            .ranks
+            .iter()
+            .map(|r| {
+                let x: Vec<f32> = r.x.iter().map(|v| v.to_f32()).collect();
+                quantize_rows(&x, r.tokens, b.shape.hidden, INPUT_GROUP, INPUT_SCALE_FLOOR)
+            })
+            .collect::<megamoe_core::Result<_>>()?;
+        let inputs: Vec<RankInput> = world
+            .ranks
+            .iter()
+            .zip(&quant)
+            .map(|(r, q)| RankInput {
+                x: Activations::Fp8 {
+                    data: &q.codes,
+                    scales: &q.scales,
+                },
+                topk_idx: &r.topk_idx,
+                topk_weights: &r.topk_weights,
+            })
+            .collect();
+        let staged = layer.stage(&inputs, None)?;
+        // A first call fills the pool the GEMM-only arm reads, and compiles its kernels.
+        layer.launch(&staged)?;
+        layer.finish()?;
+        let gemms = layer.gemms_only(&staged)?;
+        let mut split = Vec::new();
+        let mut alone = Vec::new();
+        for round in 0..b.rounds {
+            // A B, B A, A B, ...
+            for arm in if round % 2 == 0 { [0, 1] } else { [1, 0] } {
+                if arm == 0 {
+                    split.push(time(&mut layer, b.iters, |l| l.launch(&staged))?);
+                } else {
+                    alone.push(time(&mut layer, b.iters, |l| gemms.launch(l))?);
+                }
+            }
+        }
+        let ratios: Vec<f64> = split.iter().zip(&alone).map(|(s, g)| s / g).collect();
+        let valid_slots = world.valid_slots();
+        let flops = valid_slots as f64 * b.shape.flops_per_slot();
+        let experts_hit = experts_receiving(
+            &world
+                .ranks
+                .iter()
+                .flat_map(|r| r.topk_idx.iter().copied())
+                .collect::<Vec<_>>(),
+            b.shape.experts,
+        );
+        let weight_bytes = experts_hit as f64 * 3.0 * (b.shape.hidden * b.shape.inter) as f64;
+        // Every rank does 1/R of the work at once.
+        let floor_s = (flops / b.ranks as f64 / PEAK_FLOPS)
+            .max(weight_bytes / b.ranks as f64 / HBM_BYTES_PER_S);
+        let split_us = Stats::of(&split).median_ms * 1e3;
+        rows.push(LayerRow {
+            tokens,
+            valid_slots,
+            split_us,
+            gemms_us: Stats::of(&alone).median_ms * 1e3,
+            ratio_min: ratios.iter().copied().fold(f64::INFINITY, f64::min),
+            ratio_max: ratios.iter().copied().fold(0.0, f64::max),
+            floor_us: floor_s * 1e6,
+            tflops: flops / b.ranks as f64 / (split_us * 1e-6) / 1e12,
+        });
+    }
+    Ok(rows)
+}
+
+/// Distinct experts named by valid slots.
+fn experts_receiving(topk_idx: &[i32], experts: usize) -> usize {
+    let mut hit = vec![false; experts];
+    for &e in topk_idx {
+        if e >= 0 {
+            hit[e as usize] = true;
+        }
+    }
+    hit.iter().filter(|&&h| h).count()
+}
+
+/// Median over `iters` calls (after two warm-up calls) of the slowest rank's device time, ms.
+fn time(
+    layer: &mut SplitLayer,
+    iters: usize,
+    mut call: impl FnMut(&mut SplitLayer) -> Result<()>,
+) -> Result<f64> {
+    let timers = (0..layer.spec.ranks)
+        .map(|r| layer.gpu(r).timer())
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    for _ in 0..2 {
+        call(layer)?;
+    }
+    layer.finish()?;
+    let mut samples = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        for t in &timers {
+            t.start()?;
+        }
+        call(layer)?;
+        for t in &timers {
+            t.stop()?;
+        }
+        let mut slowest = 0f64;
+        for t in &timers {
+            slowest = slowest.max(t.elapsed_ms()? as f64);
+        }
+        samples.push(slowest);
+    }
+    layer.finish()?;
+    Ok(Stats::of(&samples).median_ms)
+}

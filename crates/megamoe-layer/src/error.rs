@@ -1,0 +1,35 @@
+//! Errors of the layer: bad input (naming the rank and the argument, found before anything is
+//! written), or what the crates below reported.
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum LayerError {
+    /// A bad argument of one rank, found on the host before anything was written.
+    #[error("rank {rank}: {source}")]
+    Input {
+        rank: usize,
+        #[source]
+        source: megamoe_core::Error,
+    },
+    /// A bad argument of the whole call or of the layer's construction.
+    #[error(transparent)]
+    Spec(#[from] megamoe_core::Error),
+    /// Dispatch or combine (a device wait past its deadline names the rank and the wait).
+    #[error(transparent)]
+    Ep(#[from] megamoe_ep::EpError),
+    /// One of the expert GEMMs.
+    #[error(transparent)]
+    Gemm(#[from] megamoe_gemm::GemmError),
+    /// The GPU runtime: no GPU or library, a failed driver call.
+    #[error(transparent)]
+    Runtime(#[from] megamoe_cuda::Error),
+}
+
+impl LayerError {
+    pub fn input(rank: usize, source: megamoe_core::Error) -> Self {
+        LayerError::Input { rank, source }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, LayerError>;

@@ -1,0 +1,541 @@
+//! The split layer (SPEC §4): per call and per rank, on the rank's stream,
+//!
+//! 1. bf16 input only: the library's quantizer writes e4m3 rows and per-128 scales into the
+//!    rank's symmetric input region (FP8 input is uploaded there as it is);
+//! 2. dispatch (megamoe-ep): every rank pulls the tokens routed to its experts into the pool,
+//!    grouped by local expert, segments padded to 128 rows, scales group-major, each row's
+//!    routing weight beside it;
+//! 3. L1 (src/kernel.rs): pool · W1ᵀ, SwiGLU, weight, re-quantization per G into the local
+//!    intermediate;
+//! 4. L2: intermediate · W2ᵀ, bf16 rows into the pool's positions of the symmetric L2 output;
+//! 5. combine (megamoe-ep): every rank pulls its tokens' rows and sums them in ascending slot
+//!    order in f32, one rounding (SPEC §3 step 5).
+//!
+//! Only dispatch and combine wait on other ranks, each wait with a deadline. Ranks on one GPU
+//! (virtual ranks) share its SMs: dispatch and combine are launched on at most
+//! `SMs / ranks on the GPU` blocks per rank, so every rank's blocks of a call fit on the GPU
+//! at once and no rank's waiting blocks can keep another rank's from running; the GEMMs wait on
+//! nobody and finish on whatever SMs are free.
+
+use half::bf16;
+use megamoe_core::routing::{check_slot_weights, check_topk_idx};
+use megamoe_core::weights::RankWeightsFp8;
+use megamoe_core::Error;
+use megamoe_cuda::{jit, DeviceBuffer, Gpu, Kernel, Quantizer};
+use megamoe_ep::{
+    CombineOrder, EpConfig, EpWorld, Handle, IoRegion, RowDtype, SyncMode, DEFAULT_NUM_SMS,
+};
+use megamoe_gemm::grouped::{check_error_word, gemm_params, launch_config};
+use megamoe_gemm::heuristics::{choose, GemmConfig, GemmProblem, Layout, OutDtype};
+use megamoe_gemm::{GemmPointers, GroupedGemm};
+
+use crate::error::{LayerError, Result};
+use crate::kernel::{l1_config, l1_problem, split_l1_spec, SplitL1Params, SwigluQuant};
+use crate::spec::{LayerSpec, POOL_PAD};
+use crate::weights;
+
+/// One rank's activations for one call.
+#[derive(Clone, Copy, Debug)]
+pub enum Activations<'a> {
+    /// bf16 `[T, H]`: quantized on the GPU per token per 128 columns (SPEC §3).
+    Bf16(&'a [bf16]),
+    /// Already quantized: e4m3 `[T, H]` and f32 scales `[T, H/128]`.
+    Fp8 { data: &'a [u8], scales: &'a [f32] },
+}
+
+/// One rank's inputs for one call (SPEC §2); T is `topk_idx.len() / K`.
+#[derive(Clone, Copy, Debug)]
+pub struct RankInput<'a> {
+    pub x: Activations<'a>,
+    /// `[T, K]`: experts in `[0, E)` or −1 for a masked slot; no expert twice in a row.
+    pub topk_idx: &'a [i32],
+    /// `[T, K]`, finite on valid slots (masked slots' weights are never read).
+    pub topk_weights: &'a [f32],
+}
+
+/// A call whose inputs are on the device: what [`SplitLayer::launch`] runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Staged {
+    /// T of every rank.
+    pub tokens: Vec<usize>,
+    /// Which ranks' inputs the quantizer must convert first.
+    bf16: Vec<bool>,
+}
+
+/// The buffers and kernels of one rank.
+struct RankState {
+    gpu: Gpu,
+    w1: DeviceBuffer,
+    s1: DeviceBuffer,
+    /// W2, its scales, and the intermediate (e4m3 `[pool rows, I]`, f32 `[I/G, pool rows]`:
+    /// L1's output, L2's input): read by the kernels through their params only.
+    _buffers: [DeviceBuffer; 4],
+    /// bf16 `[T_max, H]`: staging of bf16 input for the quantizer.
+    x_bf16: DeviceBuffer,
+    quantizer: Quantizer,
+    l1: Kernel,
+    l1_params: SplitL1Params,
+    l1_error: DeviceBuffer,
+    /// L2 launches, one per configuration the heuristics can pick for this layer (they pick by
+    /// the call's rows per expert).
+    l2: Vec<GroupedGemm>,
+}
+
+/// The split MoE layer on a world of real or virtual ranks.
+pub struct SplitLayer {
+    pub spec: LayerSpec,
+    ep: EpWorld,
+    handle: Handle,
+    ranks: Vec<RankState>,
+    l1_config: GemmConfig,
+    /// Cumulative rows received per local expert, per rank, over every forward.
+    expert_counts: Vec<Vec<u64>>,
+}
+
+impl SplitLayer {
+    /// Builds the layer: checks `spec`, allocates every buffer (see [`LayerSpec::bytes`]),
+    /// compiles and loads the kernels, and loads each rank's weights from `weights(rank)` (SPEC
+    /// §2 layouts; W1's gate and up blocks are interleaved on the way, src/weights.rs).
+    pub fn new(
+        spec: LayerSpec,
+        weights: impl Fn(usize) -> megamoe_core::Result<RankWeightsFp8>,
+    ) -> Result<SplitLayer> {
+        spec.validate()?;
+        let (h, i) = (spec.shape.hidden, spec.shape.inter);
+        let el = spec.shape.local_experts(spec.ranks);
+        let rows = spec.pool_rows();
+        let mut ep_config = EpConfig::new(spec.ep_spec(), RowDtype::Fp8);
+        ep_config.group_major_scales = true;
+        let gpus = megamoe_cuda::device_count()?.max(1);
+        let sms = Gpu::new(0)?.props().sm_count as usize;
+        ep_config.num_sms = comm_sms(spec.comm_sms, spec.ranks, gpus, sms);
+        let ep = EpWorld::new(ep_config)?;
+        let handle = ep.new_handle()?;
+        let l1_config = l1_config(sms);
+        let l1_compiled = jit::compile(&split_l1_spec(&l1_config))?;
+
+        let mut ranks = Vec::with_capacity(spec.ranks);
+        for r in 0..spec.ranks {
+            let w = weights(r).map_err(|e| LayerError::input(r, e))?;
+            weights::check(&w, &spec.shape, el).map_err(|e| LayerError::input(r, e))?;
+            let (w1, s1) = weights::interleave_w1(&w.w1, &w.s1, &spec.shape, el);
+            let gpu = ep.rank(r).gpu.clone();
+            let w1 = gpu.alloc_from(&w1)?;
+            let s1 = gpu.alloc_from(&s1)?;
+            let w2 = gpu.alloc_from(&w.w2)?;
+            let s2 = gpu.alloc_from(&w.s2)?;
+            let acts = gpu.alloc_zeroed(rows * i)?;
+            let act_scales = gpu.alloc_zeroed(rows * (i / spec.group) * 4)?;
+            let x_bf16 = gpu.alloc(spec.max_tokens * h * 2)?;
+            let ptrs = ep.ptrs(r);
+            let pool = ep.handle_ptrs(&handle, r);
+            let (gemm, l1_error) = gemm_params(
+                &gpu,
+                &l1_problem(h, i, el, POOL_PAD),
+                &l1_config,
+                rows,
+                GemmPointers {
+                    a: ptrs.out_rows,
+                    scale_a: ptrs.out_scales,
+                    b: w1.ptr(),
+                    scale_b: s1.ptr(),
+                    expert_rows: pool.padded,
+                    out: acts.ptr(),
+                },
+            )?;
+            let l1_params = SplitL1Params {
+                gemm,
+                epilogue: SwigluQuant {
+                    out: acts.ptr(),
+                    out_scales: act_scales.ptr(),
+                    weights: ptrs.out_probs,
+                    rows_ld: rows as u32,
+                    inter: i as u32,
+                    group: spec.group as u32,
+                    has_clamp: spec.clamp.is_some() as u32,
+                    clamp: spec.clamp.unwrap_or(0.0),
+                    reserved: [0; 5],
+                },
+            };
+            let l2 = l2_configs(&spec, sms)?
+                .into_iter()
+                .map(|(problem, config)| {
+                    GroupedGemm::new(
+                        &gpu,
+                        problem,
+                        config,
+                        rows,
+                        GemmPointers {
+                            a: acts.ptr(),
+                            scale_a: act_scales.ptr(),
+                            b: w2.ptr(),
+                            scale_b: s2.ptr(),
+                            expert_rows: pool.padded,
+                            out: ptrs.comb_rows,
+                        },
+                    )
+                })
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            ranks.push(RankState {
+                quantizer: Quantizer::new(&gpu)?,
+                l1: gpu.load(&l1_compiled)?,
+                gpu,
+                w1,
+                s1,
+                _buffers: [w2, s2, acts, act_scales],
+                x_bf16,
+                l1_params,
+                l1_error,
+                l2,
+            });
+        }
+        Ok(SplitLayer {
+            expert_counts: vec![vec![0; el]; spec.ranks],
+            spec,
+            ep,
+            handle,
+            ranks,
+            l1_config,
+        })
+    }
+
+    /// The forward pass: one bf16 `[T, H]` output per rank. Every input is checked before
+    /// anything is written; a bad one is an error naming the rank and the argument.
+    /// `num_tokens_bound`, when given, must be at least every rank's T and at most T_max.
+    pub fn forward(
+        &mut self,
+        inputs: &[RankInput],
+        num_tokens_bound: Option<usize>,
+    ) -> Result<Vec<Vec<bf16>>> {
+        let staged = self.stage(inputs, num_tokens_bound)?;
+        self.launch(&staged)?;
+        self.finish()?;
+        self.count_received()?;
+        self.outputs(&staged)
+    }
+
+    /// Cumulative rows received per local expert (index: rank, then local expert), over every
+    /// [`Self::forward`] of this layer: what load balancers read.
+    pub fn expert_counts(&self) -> &[Vec<u64>] {
+        &self.expert_counts
+    }
+
+    /// Checks every rank's inputs, then uploads them.
+    pub fn stage(&self, inputs: &[RankInput], num_tokens_bound: Option<usize>) -> Result<Staged> {
+        let s = &self.spec;
+        if inputs.len() != s.ranks {
+            return Err(Error::Length {
+                arg: "inputs",
+                got: inputs.len(),
+                expected: s.ranks,
+            }
+            .into());
+        }
+        let mut tokens = Vec::with_capacity(s.ranks);
+        for (r, input) in inputs.iter().enumerate() {
+            let t = check_input(s, input).map_err(|e| LayerError::input(r, e))?;
+            tokens.push(t);
+        }
+        if let Some(bound) = num_tokens_bound {
+            let most = tokens.iter().copied().max().unwrap_or(0);
+            if bound < most || bound > s.max_tokens {
+                return Err(Error::Value {
+                    arg: "num_tokens_bound",
+                    value: bound.to_string(),
+                    reason: format!(
+                        "must be at least every rank's T (largest {most}) and at most T_max {}",
+                        s.max_tokens
+                    ),
+                }
+                .into());
+            }
+        }
+        let layout = self.ep.layout;
+        let mut bf16 = Vec::with_capacity(s.ranks);
+        for (r, input) in inputs.iter().enumerate() {
+            self.ep
+                .upload_routing(r, tokens[r], input.topk_idx, input.topk_weights)?;
+            match input.x {
+                Activations::Bf16(x) => {
+                    self.ranks[r].x_bf16.upload(x)?;
+                    bf16.push(true);
+                }
+                Activations::Fp8 { data, scales } => {
+                    let buf = self.ep.buffer(r);
+                    buf.upload_at(layout.in_rows, data)?;
+                    buf.upload_at(layout.in_scales, scales)?;
+                    bf16.push(false);
+                }
+            }
+        }
+        Ok(Staged { tokens, bf16 })
+    }
+
+    /// Queues a staged call on every rank's stream (no host synchronization; errors of the
+    /// device side are reported by [`Self::finish`]).
+    pub fn launch(&mut self, staged: &Staged) -> Result<()> {
+        let h = self.spec.shape.hidden;
+        let layout = self.ep.layout;
+        for (r, rank) in self.ranks.iter().enumerate() {
+            if staged.bf16[r] {
+                let buf = self.ep.buffer(r);
+                rank.quantizer.launch_at(
+                    &rank.gpu,
+                    &rank.x_bf16,
+                    (buf, layout.in_rows),
+                    (buf, layout.in_scales),
+                    staged.tokens[r],
+                    h,
+                )?;
+            }
+        }
+        let row_bound = self.spec.pool_rows();
+        self.ep.dispatch_with_permute(
+            &staged.tokens,
+            POOL_PAD,
+            SyncMode::NonBlocking { row_bound },
+            &mut self.handle,
+        )?;
+        let l2 = self.l2_index(staged)?;
+        for rank in &self.ranks {
+            rank.gpu
+                .launch(&rank.l1, &launch_config(&self.l1_config), &rank.l1_params)?;
+            rank.l2[l2].launch(&rank.gpu)?;
+        }
+        self.ep.combine(
+            &self.handle,
+            false,
+            CombineOrder::Slot,
+            SyncMode::NonBlocking { row_bound },
+        )?;
+        Ok(())
+    }
+
+    /// Waits for every rank and reports the first failure of the calls since the last finish:
+    /// a device wait past its deadline (naming the rank and the wait) or a rejected input.
+    pub fn finish(&self) -> Result<()> {
+        self.ep.sync()?;
+        for rank in &self.ranks {
+            let word = rank.l1_error.download::<u32>()?[0];
+            check_error_word(word, &split_l1_spec(&self.l1_config).name)?;
+            for l2 in &rank.l2 {
+                l2.check(&rank.gpu)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The GPU handle of rank `rank` (its stream, its timers).
+    pub fn gpu(&self, rank: usize) -> &Gpu {
+        &self.ranks[rank].gpu
+    }
+
+    /// Downloads the outputs of the last finished call.
+    pub fn outputs(&self, staged: &Staged) -> Result<Vec<Vec<bf16>>> {
+        let h = self.spec.shape.hidden;
+        let offset = self.ep.io_offset(IoRegion::Y);
+        (0..self.spec.ranks)
+            .map(|r| {
+                let mut y = vec![bf16::ZERO; staged.tokens[r] * h];
+                self.ep.io(r).download_into(offset, &mut y)?;
+                Ok(y)
+            })
+            .collect()
+    }
+
+    /// Every rank's staged inputs as bytes: the input rows and scales, the routing, the bf16
+    /// staging (the selftest's "nothing written before validation" check).
+    pub(crate) fn input_bytes(&self) -> Result<Vec<u8>> {
+        let (t, h, k) = (
+            self.spec.max_tokens,
+            self.spec.shape.hidden,
+            self.spec.shape.topk,
+        );
+        let l = self.ep.layout;
+        let mut out = Vec::new();
+        let mut read = |buf: &DeviceBuffer, offset: usize, bytes: usize| -> Result<()> {
+            let mut v = vec![0u8; bytes];
+            buf.download_into(offset, &mut v)?;
+            out.extend(v);
+            Ok(())
+        };
+        for r in 0..self.spec.ranks {
+            read(self.ep.buffer(r), l.in_rows, t * h)?;
+            read(self.ep.buffer(r), l.in_scales, t * h / 128 * 4)?;
+            read(
+                self.ep.io(r),
+                self.ep.io_offset(IoRegion::TopkIdx),
+                t * k * 4,
+            )?;
+            read(self.ep.io(r), self.ep.io_offset(IoRegion::Probs), t * k * 4)?;
+            read(&self.ranks[r].x_bf16, 0, t * h * 2)?;
+        }
+        Ok(out)
+    }
+
+    fn count_received(&mut self) -> Result<()> {
+        for r in 0..self.spec.ranks {
+            let rows = self.ep.received_rows(&self.handle, r)?;
+            for (c, n) in self.expert_counts[r].iter_mut().zip(rows) {
+                *c += n as u64;
+            }
+        }
+        Ok(())
+    }
+
+    /// Which of the ranks' L2 launches runs `staged`: the GEMM heuristics' choice for the
+    /// call's rows per expert.
+    fn l2_index(&self, staged: &Staged) -> Result<usize> {
+        let slots = staged.tokens.iter().sum::<usize>() * self.spec.shape.topk;
+        let problem = l2_problem(&self.spec, slots / self.spec.shape.experts);
+        let config = choose(&problem, self.l1_config.ctas)?;
+        Ok(self.ranks[0]
+            .l2
+            .iter()
+            .position(|g| g.config == config)
+            .expect("every configuration the heuristics pick is built in new()"))
+    }
+
+    /// Our two grouped GEMMs alone over the pool of the last call of `staged`: a plain L1 (bf16
+    /// output into a scratch buffer) and the layer's L2 (the benchmark's GEMM-only arm).
+    pub(crate) fn gemms_only(&self, staged: &Staged) -> Result<GemmsOnly> {
+        let (h, i) = (self.spec.shape.hidden, self.spec.shape.inter);
+        let el = self.spec.shape.local_experts(self.spec.ranks);
+        let rows = self.spec.pool_rows();
+        let slots = staged.tokens.iter().sum::<usize>() * self.spec.shape.topk;
+        let problem = l1_problem(h, i, el, slots / self.spec.shape.experts);
+        let config = choose(&problem, self.l1_config.ctas)?;
+        let mut l1 = Vec::new();
+        let mut scratch = Vec::new();
+        for (r, rank) in self.ranks.iter().enumerate() {
+            let out = rank.gpu.alloc(rows * 2 * i * 2)?;
+            let ptrs = self.ep.ptrs(r);
+            l1.push(GroupedGemm::new(
+                &rank.gpu,
+                problem,
+                config,
+                rows,
+                GemmPointers {
+                    a: ptrs.out_rows,
+                    scale_a: ptrs.out_scales,
+                    b: rank.w1.ptr(),
+                    scale_b: rank.s1.ptr(),
+                    expert_rows: self.ep.handle_ptrs(&self.handle, r).padded,
+                    out: out.ptr(),
+                },
+            )?);
+            scratch.push(out);
+        }
+        Ok(GemmsOnly {
+            l1,
+            l2: self.l2_index(staged)?,
+            _scratch: scratch,
+        })
+    }
+}
+
+/// The benchmark's GEMM-only arm (see [`SplitLayer::gemms_only`]).
+pub(crate) struct GemmsOnly {
+    l1: Vec<GroupedGemm>,
+    l2: usize,
+    _scratch: Vec<DeviceBuffer>,
+}
+
+impl GemmsOnly {
+    pub(crate) fn launch(&self, layer: &SplitLayer) -> Result<()> {
+        for (rank, l1) in layer.ranks.iter().zip(&self.l1) {
+            l1.launch(&rank.gpu)?;
+            rank.l2[self.l2].launch(&rank.gpu)?;
+        }
+        Ok(())
+    }
+}
+
+/// The L2 GEMM's problem: the intermediate (K = I, scales per G) times W2 (N = H), bf16 rows.
+fn l2_problem(spec: &LayerSpec, rows_per_expert: usize) -> GemmProblem {
+    GemmProblem {
+        experts: spec.shape.local_experts(spec.ranks),
+        n: spec.shape.hidden,
+        k: spec.shape.inter,
+        group_size: spec.group,
+        layout: Layout::Contiguous { pad: POOL_PAD },
+        out: OutDtype::Bf16,
+        rows_per_expert,
+    }
+}
+
+/// Every L2 configuration the GEMM heuristics can pick for `spec`, whatever the call's rows
+/// per expert (they switch tiles at 64 rows per expert), with its problem.
+fn l2_configs(spec: &LayerSpec, sms: usize) -> Result<Vec<(GemmProblem, GemmConfig)>> {
+    let mut out: Vec<(GemmProblem, GemmConfig)> = Vec::new();
+    for rows_per_expert in [1, POOL_PAD] {
+        let problem = l2_problem(spec, rows_per_expert);
+        let config = choose(&problem, sms)?;
+        if !out.iter().any(|(_, c)| *c == config) {
+            out.push((problem, config));
+        }
+    }
+    Ok(out)
+}
+
+/// T of one rank's input, after checking every length, the routing and the weights.
+fn check_input(spec: &LayerSpec, input: &RankInput) -> megamoe_core::Result<usize> {
+    let (h, k) = (spec.shape.hidden, spec.shape.topk);
+    let len = |arg, got: usize, expected: usize| {
+        if got == expected {
+            Ok(())
+        } else {
+            Err(Error::Length { arg, got, expected })
+        }
+    };
+    if input.topk_idx.len() % k != 0 {
+        return Err(Error::Shape {
+            arg: "topk_idx",
+            reason: format!(
+                "{} entries are not whole rows of K = {k}",
+                input.topk_idx.len()
+            ),
+        });
+    }
+    let t = input.topk_idx.len() / k;
+    if t > spec.max_tokens {
+        return Err(Error::Capacity {
+            arg: "tokens",
+            got: t,
+            capacity: spec.max_tokens,
+        });
+    }
+    match input.x {
+        Activations::Bf16(x) => len("x", x.len(), t * h)?,
+        Activations::Fp8 { data, scales } => {
+            len("x", data.len(), t * h)?;
+            len("x_scales", scales.len(), t * h / 128)?;
+        }
+    }
+    len("topk_weights", input.topk_weights.len(), t * k)?;
+    check_topk_idx("topk_idx", spec.shape, input.topk_idx)?;
+    check_slot_weights("topk_weights", k, input.topk_idx, input.topk_weights)?;
+    Ok(t)
+}
+
+/// Blocks per rank for dispatch and combine: the caller's choice, else the library default;
+/// never more than the GPU's SMs over the ranks placed on it (module comment).
+fn comm_sms(requested: Option<usize>, ranks: usize, gpus: usize, sms: usize) -> usize {
+    let per_gpu = ranks.div_ceil(gpus.min(ranks));
+    let fit = (sms / per_gpu).max(1);
+    requested.unwrap_or(DEFAULT_NUM_SMS).clamp(1, fit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn communication_blocks_of_every_virtual_rank_fit_on_the_gpu() {
+        assert_eq!(comm_sms(None, 1, 1, 132), DEFAULT_NUM_SMS);
+        assert_eq!(comm_sms(Some(200), 1, 1, 132), 132);
+        assert_eq!(comm_sms(None, 8, 1, 132), 16);
+        assert_eq!(comm_sms(Some(64), 8, 2, 132), 33);
+        assert_eq!(comm_sms(Some(0), 2, 2, 132), 1);
+    }
+}

@@ -1,0 +1,128 @@
+//! `megamoe bench layer`: the MoE layer's device time per token count, next to its floor and to
+//! our two grouped GEMMs alone on the same routing, arms interleaved (SPEC §8).
+
+use megamoe_core::routing::{RoutingKind, RoutingSpec};
+use megamoe_core::Preset;
+use megamoe_layer::bench::{self, LayerBench};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model shape: flash, pro, dsv3, glm or tiny.
+    #[arg(long, default_value = "flash")]
+    pub preset: String,
+    /// Experts in all (default: the preset's); `--experts 32` on flash and 48 on pro with
+    /// `--ranks 1` is the EP8-rank proxy (SPEC §9).
+    #[arg(long)]
+    pub experts: Option<usize>,
+    /// Ranks (virtual ranks beyond the GPUs: correct, not a performance number).
+    #[arg(long, default_value_t = 1)]
+    pub ranks: usize,
+    /// Tokens per rank of each row; buffers are sized for the largest.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "64,128,256,512,1024,2048,4096,8192"
+    )]
+    pub tokens: Vec<usize>,
+    /// The layer's form (split only, for now).
+    #[arg(long, default_value = "split")]
+    pub kernel: String,
+    /// Expert choice: uniform (top-k of Gaussian scores) or zipf (skewed popularity).
+    #[arg(long, default_value = "uniform")]
+    pub routing: String,
+    /// Fraction of slots masked.
+    #[arg(long, default_value_t = 0.0)]
+    pub masked: f64,
+    /// Rounds of the interleaved arms (A B, B A, A B, ...).
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// Timed calls per arm and round (median).
+    #[arg(long, default_value_t = 20)]
+    pub iters: usize,
+    /// Blocks per rank for dispatch and combine (default: the layer's).
+    #[arg(long)]
+    pub comm_sms: Option<usize>,
+    /// Seed of the weights and the batch.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    if args.kernel != "split" {
+        return Err(format!(
+            "--kernel {}: only `split` exists in this build",
+            args.kernel
+        )
+        .into());
+    }
+    let mut shape = Preset::by_name(&args.preset)?.shape;
+    if let Some(e) = args.experts {
+        shape.experts = e;
+    }
+    shape.validate(args.ranks)?;
+    let kind = match args.routing.as_str() {
+        "uniform" => RoutingKind::Uniform,
+        "zipf" => RoutingKind::Zipf { exponent: 1.0 },
+        other => return Err(format!("--routing {other}: expected uniform or zipf").into()),
+    };
+    if args.rounds == 0 || args.iters == 0 || args.tokens.is_empty() {
+        return Err("--rounds, --iters and --tokens need at least one".into());
+    }
+    let b = LayerBench {
+        shape,
+        ranks: args.ranks,
+        tokens: args.tokens.clone(),
+        routing: RoutingSpec {
+            kind,
+            masked_ratio: args.masked,
+            uneven_tokens: false,
+            seed: args.seed,
+        },
+        rounds: args.rounds,
+        iters: args.iters,
+        comm_sms: args.comm_sms,
+    };
+    println!(
+        "bench layer: {} (H {} I {} E {} top-{}), {} rank(s), split, {} routing, masked {}, buffers for {} tokens/rank, {} rounds x median of {}",
+        args.preset,
+        shape.hidden,
+        shape.inter,
+        shape.experts,
+        shape.topk,
+        args.ranks,
+        args.routing,
+        args.masked,
+        args.tokens.iter().max().unwrap(),
+        args.rounds,
+        args.iters
+    );
+    let rows = bench::run(&b, &|what| eprintln!("bench layer: {what}"))?;
+    println!(
+        "{:>7} {:>9} {:>10} {:>10} {:>7} {:>13} {:>9} {:>8} {:>8}",
+        "tokens",
+        "slots",
+        "split us",
+        "GEMMs us",
+        "ratio",
+        "ratio band",
+        "floor us",
+        "x floor",
+        "TFLOP/s"
+    );
+    for r in &rows {
+        println!(
+            "{:>7} {:>9} {:>10.1} {:>10.1} {:>7.3} {:>6.3}-{:<6.3} {:>9.1} {:>8.2} {:>8.0}",
+            r.tokens,
+            r.valid_slots,
+            r.split_us,
+            r.gemms_us,
+            r.split_us / r.gemms_us,
+            r.ratio_min,
+            r.ratio_max,
+            r.floor_us,
+            r.split_us / r.floor_us,
+            r.tflops
+        );
+    }
+    Ok(())
+}

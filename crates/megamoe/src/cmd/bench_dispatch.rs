@@ -2,6 +2,7 @@
 //! (CUDA events around every call, warm-up, median of ≥ 20 calls per observation, arms
 //! interleaved A B / B A / A B in one process; per call the slowest rank counts).
 
+use megamoe_core::floor::floor_seconds;
 use megamoe_core::permute::{plan_permute, PermuteHandle, SyncMode as PlanMode};
 use megamoe_core::routing::generate_world;
 use megamoe_core::Preset;
@@ -36,9 +37,6 @@ pub struct Args {
     #[arg(long, default_value_t = 20)]
     pub iters: usize,
 }
-
-const NVLINK_GBPS: f64 = 365.0;
-const HBM_GBPS: f64 = 4200.0;
 
 struct Arm {
     name: &'static str,
@@ -194,8 +192,7 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             let mut r = arm.rounds.clone();
             r.sort_by(f64::total_cmp);
             let med = r[r.len() / 2];
-            let floor =
-                (arm.nvlink_bytes / (NVLINK_GBPS * 1e3)).max(arm.hbm_bytes / (HBM_GBPS * 1e3));
+            let floor = floor_seconds(0.0, arm.hbm_bytes, arm.nvlink_bytes) * 1e6;
             println!(
                 "| {sms} | {} | {med:.1} | {:.1}–{:.1} | {:.1} | {:.0} | {floor:.1} | {:.2} |",
                 arm.name,

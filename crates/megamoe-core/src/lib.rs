@@ -15,6 +15,7 @@ pub mod plan;
 pub mod preset;
 pub mod quant;
 pub mod reference;
+pub mod rng;
 pub mod routing;
 pub mod sim;
 mod simd;

@@ -13,6 +13,7 @@ use crate::wait::{deadline_ns, WaitRecord, DEFAULT_DEADLINE};
 use half::bf16;
 use megamoe_core::numerics::INPUT_SCALE_FLOOR;
 use megamoe_core::quant::quantize_rows;
+use megamoe_core::rng::XorShift64;
 use std::time::{Duration, Instant};
 
 /// One named check.
@@ -264,21 +265,9 @@ fn skip(size: usize) -> Result<String> {
     ))
 }
 
-/// A xorshift64 generator: the same data on every run.
-pub struct XorShift(pub u64);
-
-impl XorShift {
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
 /// bf16 test input of `len` values in 128-value blocks: every 35th block all zero, every 5th
 /// tiny (below the scale floor), the rest random magnitudes 2^-20 .. 2^12 of either sign.
-pub fn quant_input(rng: &mut XorShift, len: usize) -> Vec<bf16> {
+pub fn quant_input(rng: &mut XorShift64, len: usize) -> Vec<bf16> {
     (0..len)
         .map(|i| {
             let r = rng.next_u64();
@@ -308,7 +297,7 @@ fn quant() -> Result<String> {
         .iter()
         .map(|&c| Quantizer::with_config(&gpu, c))
         .collect::<Result<Vec<_>>>()?;
-    let mut rng = XorShift(0x9e3779b97f4a7c15);
+    let mut rng = XorShift64(0x9e3779b97f4a7c15);
     let shapes = [(1, 128), (3, 384), (77, 4096), (8192, 7168)];
     for (rows, cols) in shapes {
         let x = quant_input(&mut rng, rows * cols);

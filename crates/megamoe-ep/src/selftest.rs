@@ -9,7 +9,7 @@ use megamoe_core::permute::{
     Fp8Rows, PermuteHandle, SyncMode as PlanMode,
 };
 use megamoe_core::quant::quantize_rows;
-use megamoe_core::routing::rng::splitmix64;
+use megamoe_core::rng::splitmix64;
 use megamoe_core::routing::{generate_world, RoutingKind, RoutingSpec};
 use megamoe_core::Error;
 

@@ -1,5 +1,5 @@
-//! The GPU checks of the runtime, run by `megamoe selftest`. Each check returns a one-line
-//! detail on success and an error on failure; none of them can pass without running.
+//! The GPU checks of the runtime, run by `megamoe selftest`, and the type of every GPU check.
+//! None of them can pass without running.
 
 use crate::device::{Gpu, LaunchConfig};
 use crate::error::{Error, Result};
@@ -16,15 +16,19 @@ use megamoe_core::quant::quantize_rows;
 use megamoe_core::rng::XorShift64;
 use std::time::{Duration, Instant};
 
-/// One named check.
+/// One named GPU check of `megamoe selftest` (this crate's, the grouped GEMM's and dispatch's):
+/// `run` returns a one-line summary when the check holds, the failure otherwise.
 pub struct Check {
-    pub name: &'static str,
-    pub run: fn() -> Result<String>,
+    pub name: String,
+    pub run: Box<dyn Fn() -> std::result::Result<String, String>>,
 }
 
 /// Every GPU check of this crate, in the order they should run.
 pub fn checks() -> Vec<Check> {
-    let check = |name, run| Check { name, run };
+    let check = |name: &str, run: fn() -> Result<String>| Check {
+        name: name.into(),
+        run: Box::new(move || run().map_err(|e| e.to_string())),
+    };
     vec![
         check("libraries", libraries),
         check("jit: every kernel compiles clean", jit_clean),

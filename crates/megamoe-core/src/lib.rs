@@ -8,12 +8,14 @@
 pub mod batch;
 pub mod diff;
 pub mod error;
+pub mod floor;
 pub mod numerics;
 pub mod permute;
 pub mod plan;
 pub mod preset;
 pub mod quant;
 pub mod reference;
+pub mod rng;
 pub mod routing;
 pub mod sim;
 mod simd;

@@ -21,6 +21,7 @@ use crate::error::Result;
 use crate::numerics::{amax, e4m3_from_f32, scale_factor, INPUT_SCALE_FLOOR};
 use crate::preset::Shape;
 use crate::quant::{QuantBlocks, WEIGHT_BLOCK};
+use crate::rng::{mix32, splitmix64};
 
 /// One of an expert's two matrices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,22 +74,6 @@ pub struct RankWeightsFp8 {
     pub w2: Vec<u8>,
     /// f32 `[E_l, H/128, I/128]`.
     pub s2: Vec<f32>,
-}
-
-fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-#[inline(always)]
-fn mix32(mut x: u32) -> u32 {
-    x ^= x >> 16;
-    x = x.wrapping_mul(0x7feb_352d);
-    x ^= x >> 15;
-    x = x.wrapping_mul(0x846c_a68b);
-    x ^ (x >> 16)
 }
 
 impl Matrix {

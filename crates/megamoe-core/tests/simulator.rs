@@ -7,31 +7,10 @@
 
 use megamoe_core::plan::rules::{self, ring_slots, Order};
 use megamoe_core::plan::{CallPlan, Kernel, Loads, PlanFault, Stream, StreamParams, TaskKind};
+use megamoe_core::rng::SplitMix64;
 use megamoe_core::sim::{self, SimConfig, SimFault, TaskCosts, TimeModel};
 use megamoe_core::{Preset, Shape};
 use proptest::prelude::*;
-
-/// splitmix64: the loads below are pure functions of their seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.unit() * n as f64) as usize
-    }
-}
 
 #[derive(Clone, Copy, Debug)]
 enum Popularity {
@@ -50,7 +29,7 @@ fn route(
     popularity: Popularity,
     masked: f64,
 ) -> Loads {
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix64::new(seed);
     let mut order: Vec<usize> = (0..experts).collect();
     for i in (1..experts).rev() {
         order.swap(i, rng.below(i + 1));
@@ -89,7 +68,7 @@ fn route(
 
 /// Tokens per rank: all equal to `bound`, or uneven in [0, bound] with one rank at the bound.
 fn tokens_per_rank(seed: u64, ranks: usize, bound: usize, uneven: bool) -> Vec<usize> {
-    let mut rng = Rng(seed ^ 0x5eed);
+    let mut rng = SplitMix64::new(seed ^ 0x5eed);
     let mut t: Vec<usize> = (0..ranks)
         .map(|_| if uneven { rng.below(bound + 1) } else { bound })
         .collect();

@@ -5,11 +5,7 @@ use crate::device::{DeviceBuffer, Gpu, Kernel, LaunchConfig, Timer};
 use crate::error::{Error, Result};
 use crate::kernels::{self, CopyParams, QuantConfig, COPY_THREADS};
 use crate::quant::Quantizer;
-
-/// HBM bandwidth of the floor (ANCHORS: 4.2 TB/s).
-pub const HBM_BYTES_PER_S: f64 = 4.2e12;
-/// NVLink bandwidth per direction of the floor (ANCHORS: 365 GB/s).
-pub const NVLINK_BYTES_PER_S: f64 = 365e9;
+use megamoe_core::floor::floor_seconds;
 
 const WARMUP: usize = 3;
 
@@ -241,7 +237,7 @@ pub fn quant(
             cols,
             stats: Stats::of(&t),
             bytes,
-            floor_ms: bytes as f64 / HBM_BYTES_PER_S * 1e3,
+            floor_ms: floor_seconds(0.0, bytes as f64, 0.0) * 1e3,
         })
         .collect())
 }

@@ -1,5 +1,5 @@
-//! The GPU checks of the runtime, run by `megamoe selftest`. Each check returns a one-line
-//! detail on success and an error on failure; none of them can pass without running.
+//! The GPU checks of the runtime, run by `megamoe selftest`, and the type of every GPU check.
+//! None of them can pass without running.
 
 use crate::device::{Gpu, LaunchConfig};
 use crate::error::{Error, Result};
@@ -13,17 +13,22 @@ use crate::wait::{deadline_ns, WaitRecord, DEFAULT_DEADLINE};
 use half::bf16;
 use megamoe_core::numerics::INPUT_SCALE_FLOOR;
 use megamoe_core::quant::quantize_rows;
+use megamoe_core::rng::XorShift64;
 use std::time::{Duration, Instant};
 
-/// One named check.
+/// One named GPU check of `megamoe selftest` (this crate's, the grouped GEMM's and dispatch's):
+/// `run` returns a one-line summary when the check holds, the failure otherwise.
 pub struct Check {
-    pub name: &'static str,
-    pub run: fn() -> Result<String>,
+    pub name: String,
+    pub run: Box<dyn Fn() -> std::result::Result<String, String>>,
 }
 
 /// Every GPU check of this crate, in the order they should run.
 pub fn checks() -> Vec<Check> {
-    let check = |name, run| Check { name, run };
+    let check = |name: &str, run: fn() -> Result<String>| Check {
+        name: name.into(),
+        run: Box::new(move || run().map_err(|e| e.to_string())),
+    };
     vec![
         check("libraries", libraries),
         check("jit: every kernel compiles clean", jit_clean),
@@ -264,21 +269,9 @@ fn skip(size: usize) -> Result<String> {
     ))
 }
 
-/// A xorshift64 generator: the same data on every run.
-pub struct XorShift(pub u64);
-
-impl XorShift {
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
 /// bf16 test input of `len` values in 128-value blocks: every 35th block all zero, every 5th
 /// tiny (below the scale floor), the rest random magnitudes 2^-20 .. 2^12 of either sign.
-pub fn quant_input(rng: &mut XorShift, len: usize) -> Vec<bf16> {
+pub fn quant_input(rng: &mut XorShift64, len: usize) -> Vec<bf16> {
     (0..len)
         .map(|i| {
             let r = rng.next_u64();
@@ -308,7 +301,7 @@ fn quant() -> Result<String> {
         .iter()
         .map(|&c| Quantizer::with_config(&gpu, c))
         .collect::<Result<Vec<_>>>()?;
-    let mut rng = XorShift(0x9e3779b97f4a7c15);
+    let mut rng = XorShift64(0x9e3779b97f4a7c15);
     let shapes = [(1, 128), (3, 384), (77, 4096), (8192, 7168)];
     for (rows, cols) in shapes {
         let x = quant_input(&mut rng, rows * cols);

@@ -7,6 +7,7 @@
 //! megamoe-core's CPU reference.
 
 pub mod baseline;
+pub mod bench;
 pub mod error;
 pub mod layout;
 pub mod params;

@@ -9,19 +9,14 @@ use megamoe_core::permute::{
     Fp8Rows, PermuteHandle, SyncMode as PlanMode,
 };
 use megamoe_core::quant::quantize_rows;
-use megamoe_core::routing::rng::splitmix64;
+use megamoe_core::rng::splitmix64;
 use megamoe_core::routing::{generate_world, RoutingKind, RoutingSpec};
 use megamoe_core::Error;
+use megamoe_cuda::selftest::Check;
 
 use crate::error::EpError;
 use crate::layout::{BufferSpec, RowDtype};
 use crate::world::{bytemuck_bf16, EpConfig, EpWorld, IoRegion, Rows, SyncMode};
-
-/// One named GPU check; `run` returns a one-line summary or the first failure.
-pub struct GpuCheck {
-    pub name: String,
-    pub run: Box<dyn Fn() -> Result<String, String>>,
-}
 
 const POISON: u8 = 0xA5;
 
@@ -87,11 +82,11 @@ impl Routing {
 }
 
 /// Every check. Ranks beyond the GPUs present run as virtual ranks (several per GPU).
-pub fn gpu_checks() -> Vec<GpuCheck> {
+pub fn gpu_checks() -> Vec<Check> {
     let mut checks = Vec::new();
     for ranks in [2usize, 4, 8] {
         for dtype in [RowDtype::Bf16, RowDtype::Fp8] {
-            checks.push(GpuCheck {
+            checks.push(Check {
                 name: format!(
                     "ep.bitwise.r{ranks}.{}.all_routings_all_pads",
                     dtype_name(dtype)
@@ -120,7 +115,7 @@ pub fn gpu_checks() -> Vec<GpuCheck> {
         }
     }
     for dtype in [RowDtype::Bf16, RowDtype::Fp8] {
-        checks.push(GpuCheck {
+        checks.push(Check {
             name: format!("ep.bitwise.flash.r2.t4096.{}", dtype_name(dtype)),
             run: Box::new(move || {
                 let flash = megamoe_core::Preset::by_name("flash").map_err(s)?.shape;
@@ -140,7 +135,7 @@ pub fn gpu_checks() -> Vec<GpuCheck> {
         ("ep.missing_rank_fails_within_the_deadline", missing_rank),
     ];
     for (name, check) in two_rank_checks {
-        checks.push(GpuCheck {
+        checks.push(Check {
             name: name.into(),
             run: Box::new(move || check(small(2))),
         });

@@ -1,5 +1,6 @@
 //! Timing of one grouped GEMM case against its floor (benchmark protocol, SPEC §8).
 
+use megamoe_core::floor::floor_seconds;
 use megamoe_cuda::Gpu;
 
 use crate::error::{GemmError, Result};
@@ -8,11 +9,6 @@ use crate::heuristics::{
     choose, with_a_regs, with_block_n, with_cluster, with_pipelined, GemmConfig, GemmProblem,
 };
 use crate::testdata::{compare, DeviceOperands, HostOperands};
-
-/// Measured FP8 dense peak of our H200 (ANCHORS.md).
-pub const PEAK_FLOPS: f64 = 1394e12;
-/// Measured HBM copy bandwidth of our H200 (ANCHORS.md).
-pub const HBM_BYTES_PER_S: f64 = 4.2e12;
 
 /// One measured case.
 #[derive(Debug, Clone)]
@@ -169,8 +165,8 @@ pub fn run_arms(
             min_us: times[0],
             max_us: *times.last().unwrap(),
             tflops: flops / (median * 1e-6) / 1e12,
-            floor_us: (flops / PEAK_FLOPS).max(bytes / HBM_BYTES_PER_S) * 1e6,
-            weight_floor_us: host.weight_bytes() / HBM_BYTES_PER_S * 1e6,
+            floor_us: floor_seconds(flops, bytes, 0.0) * 1e6,
+            weight_floor_us: floor_seconds(0.0, host.weight_bytes(), 0.0) * 1e6,
             diff: c.diff,
             rows_checked: c.rows_checked,
             unwritten: c.unwritten + c.overwritten,

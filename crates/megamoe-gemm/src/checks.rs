@@ -2,6 +2,9 @@
 //! heuristics can pick, on fresh random data with empty and one-row experts, output poisoned
 //! first, diff ≤ 1e-4 against the CPU reference.
 
+use std::rc::Rc;
+
+use megamoe_cuda::selftest::Check;
 use megamoe_cuda::Gpu;
 
 use crate::error::Result;
@@ -11,15 +14,6 @@ use crate::testdata::{compare, DeviceOperands, HostOperands};
 
 /// Accuracy promise of SPEC §3 against the CPU reference.
 pub const MAX_DIFF: f64 = 1e-4;
-
-/// A check's body: a one-line summary when it holds, the failure otherwise.
-pub type CheckFn = Box<dyn Fn(&Gpu) -> std::result::Result<String, String> + Send + Sync>;
-
-/// One named check.
-pub struct GpuCheck {
-    pub name: String,
-    pub run: CheckFn,
-}
 
 /// Runs `config` on fresh data shaped like `problem` with `rows` per expert and compares it.
 pub fn check_config(
@@ -81,31 +75,34 @@ pub fn check_problem(config: &GemmConfig) -> (GemmProblem, Vec<usize>) {
     (problem, rows)
 }
 
-/// Every configuration's check, on a GPU with `sms` multiprocessors.
-pub fn gpu_checks(sms: usize) -> Vec<GpuCheck> {
-    all_configs(sms)
+/// Every configuration's check, on `gpu`.
+pub fn gpu_checks(gpu: &Rc<Gpu>) -> Vec<Check> {
+    all_configs(gpu.props().sm_count as usize)
         .into_iter()
-        .map(|config| GpuCheck {
-            name: format!("gemm {}", config.kernel_name()),
-            run: Box::new(move |gpu: &Gpu| {
-                let (problem, rows) = check_problem(&config);
-                // v6 ends its K loop differently for an odd and an even count of scale groups
-                // (check_problem's K has an odd count of K blocks): both are checked.
-                let extra_k_blocks = if config.pipelined { 2 } else { 1 };
-                let mut summaries = Vec::new();
-                for extra in 0..extra_k_blocks {
-                    let problem = GemmProblem {
-                        k: problem.k + 128 * extra,
-                        ..problem
-                    };
-                    let seed = 0x5EED ^ config.stages as u64 ^ extra as u64;
-                    summaries.push(
-                        check_config(gpu, problem, config, &rows, seed, 1)
-                            .map_err(|e| e.to_string())??,
-                    );
-                }
-                Ok(summaries.join("; "))
-            }),
+        .map(|config| {
+            let gpu = gpu.clone();
+            Check {
+                name: format!("gemm {}", config.kernel_name()),
+                run: Box::new(move || {
+                    let (problem, rows) = check_problem(&config);
+                    // v6 ends its K loop differently for an odd and an even count of scale groups
+                    // (check_problem's K has an odd count of K blocks): both are checked.
+                    let extra_k_blocks = if config.pipelined { 2 } else { 1 };
+                    let mut summaries = Vec::new();
+                    for extra in 0..extra_k_blocks {
+                        let problem = GemmProblem {
+                            k: problem.k + 128 * extra,
+                            ..problem
+                        };
+                        let seed = 0x5EED ^ config.stages as u64 ^ extra as u64;
+                        summaries.push(
+                            check_config(&gpu, problem, config, &rows, seed, 1)
+                                .map_err(|e| e.to_string())??,
+                        );
+                    }
+                    Ok(summaries.join("; "))
+                }),
+            }
         })
         .collect()
 }

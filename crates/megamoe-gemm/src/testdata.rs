@@ -1,6 +1,7 @@
 //! Random operands for checks and benchmarks, the device copies, and the comparison with the
 //! CPU reference.
 
+use megamoe_core::rng::SplitMix64;
 use megamoe_cuda::{DeviceBuffer, Gpu};
 use rayon::prelude::*;
 
@@ -9,29 +10,9 @@ use crate::grouped::{view_rows, GemmPointers};
 use crate::heuristics::{GemmProblem, Layout, OutDtype};
 use crate::reference::{diff, reference_row, GemmOperands};
 
-/// splitmix64: small, seedable, good enough for test data.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [0, 1).
-    pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
 /// Group sizes drawn uniformly in 0.7–1.3× the mean (the benchmark protocol's rule).
 pub fn group_sizes(experts: usize, mean: usize, seed: u64) -> Vec<usize> {
-    let mut rng = Rng::new(seed);
+    let mut rng = SplitMix64::new(seed);
     (0..experts)
         .map(|_| (mean as f64 * (0.7 + 0.6 * rng.unit())).round() as usize)
         .collect()
@@ -49,7 +30,7 @@ fn fill_e4m3(buf: &mut [u8], seed: u64) {
     buf.par_chunks_mut(1 << 16)
         .enumerate()
         .for_each(|(i, chunk)| {
-            let mut rng = Rng::new(seed ^ (i as u64).wrapping_mul(0xA24B_AED4_963E_E407));
+            let mut rng = SplitMix64::new(seed ^ (i as u64).wrapping_mul(0xA24B_AED4_963E_E407));
             for x in chunk {
                 *x = random_e4m3(rng.next_u64());
             }
@@ -111,7 +92,7 @@ impl HostOperands {
         fill_e4m3(&mut a, seed);
         let mut b = vec![0u8; e * n * k];
         fill_e4m3(&mut b, seed.wrapping_add(1));
-        let mut rng = Rng::new(seed.wrapping_add(2));
+        let mut rng = SplitMix64::new(seed.wrapping_add(2));
         let kg = k / g;
         let mut scale_a = vec![0f32; vrows * kg];
         for (ex, (&start, &valid)) in seg_start.iter().zip(rows).enumerate() {

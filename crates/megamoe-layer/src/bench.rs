@@ -4,12 +4,12 @@
 //! median of `iters` calls per arm and round, the median over rounds and the band of per-round
 //! ratios.
 
+use megamoe_core::floor::floor_seconds;
 use megamoe_core::numerics::INPUT_SCALE_FLOOR;
 use megamoe_core::quant::{quantize_rows, INPUT_GROUP};
 use megamoe_core::routing::{generate_world, RoutingSpec};
 use megamoe_core::{Shape, WeightGen};
 use megamoe_cuda::bench::Stats;
-use megamoe_gemm::bench::{HBM_BYTES_PER_S, PEAK_FLOPS};
 
 use crate::error::Result;
 use crate::spec::LayerSpec;
@@ -110,8 +110,7 @@ pub fn run(b: &LayerBench, progress: &dyn Fn(&str)) -> Result<Vec<LayerRow>> {
         );
         let weight_bytes = experts_hit as f64 * 3.0 * (b.shape.hidden * b.shape.inter) as f64;
         // Every rank does 1/R of the work at once.
-        let floor_s = (flops / b.ranks as f64 / PEAK_FLOPS)
-            .max(weight_bytes / b.ranks as f64 / HBM_BYTES_PER_S);
+        let floor_s = floor_seconds(flops / b.ranks as f64, weight_bytes / b.ranks as f64, 0.0);
         let split_us = Stats::of(&split).median_ms * 1e3;
         rows.push(LayerRow {
             tokens,

@@ -10,14 +10,10 @@ use megamoe_core::quant::{quantize_rows, INPUT_GROUP};
 use megamoe_core::routing::{generate_world, RoutingKind, RoutingSpec};
 use megamoe_core::{diff, fused_layer, LayerOptions, Preset, WeightGen, WorldInputs};
 
+use megamoe_cuda::selftest::Check;
+
 use crate::spec::LayerSpec;
 use crate::split::{Activations, RankInput, SplitLayer};
-
-/// One named GPU check; `run` returns a one-line summary or the first failure.
-pub struct GpuCheck {
-    pub name: String,
-    pub run: Box<dyn Fn() -> Result<String, String>>,
-}
 
 /// The contract's bound on the GPU output's distance to the CPU reference (SPEC §3).
 pub const MAX_DIFF: f64 = 1e-4;
@@ -89,13 +85,13 @@ fn against_reference(
     tokens: usize,
     kind: &'static str,
     clamp: Option<f32>,
-) -> GpuCheck {
+) -> Check {
     let name = format!(
         "layer split {preset}{} R={ranks} T={tokens} {kind}{}",
         experts.map_or(String::new(), |e| format!("/{e}")),
         clamp.map_or(String::new(), |c| format!(" clamp {c}"))
     );
-    GpuCheck {
+    Check {
         name,
         run: Box::new(move || {
             let shape = shape(preset, experts);
@@ -160,8 +156,8 @@ fn against_reference(
 
 /// bf16 input quantized by the layer against the same input quantized on the host and passed as
 /// e4m3 + scales: the same bits.
-fn fp8_input() -> GpuCheck {
-    GpuCheck {
+fn fp8_input() -> Check {
+    Check {
         name: "layer split tiny R=2 fp8 input".into(),
         run: Box::new(|| {
             let shape = shape("tiny", None);
@@ -203,8 +199,8 @@ fn fp8_input() -> GpuCheck {
 
 /// Bad inputs are errors naming the argument, with nothing written: the symmetric input rows
 /// and routing keep their bytes, and the next good call gives the reference bits.
-fn bad_inputs() -> GpuCheck {
-    GpuCheck {
+fn bad_inputs() -> Check {
+    Check {
         name: "layer split bad input rejected, nothing written".into(),
         run: Box::new(|| {
             let shape = shape("tiny", None);
@@ -329,7 +325,7 @@ fn bad_inputs() -> GpuCheck {
 }
 
 /// Every layer check of the selftest.
-pub fn gpu_checks() -> Vec<GpuCheck> {
+pub fn gpu_checks() -> Vec<Check> {
     let mut checks = Vec::new();
     for kind in ["uniform", "zipf", "masked", "uneven"] {
         for ranks in [1, 2, 4, 8] {

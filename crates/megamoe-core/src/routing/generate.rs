@@ -4,10 +4,10 @@ use half::bf16;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use super::rng::{Stream, TokenRng};
 use crate::batch::{RankInputs, WorldInputs};
 use crate::error::{Error, Result};
 use crate::preset::Shape;
+use crate::rng::{Stream, TokenRng};
 
 /// How tokens choose their experts.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]

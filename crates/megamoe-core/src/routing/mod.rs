@@ -2,7 +2,6 @@
 //! token counts) and validation of any world's inputs.
 
 mod generate;
-pub mod rng;
 mod validate;
 
 pub use generate::{generate_rank, generate_world, token_counts, RoutingKind, RoutingSpec};

@@ -22,6 +22,7 @@ pub use time::{TaskCosts, TimeModel};
 
 use crate::error::Error;
 use crate::plan::{CallPlan, Kernel, Loads, Stream, TaskKind};
+use crate::rng;
 
 /// How to run a simulation.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -246,12 +247,7 @@ fn block_sources(loads: &Loads, rank: usize, stream: &Stream) -> Vec<Vec<(usize,
 
 /// A deterministic factor in [0.5, 1.5) from (seed, rank, task): splitmix64.
 fn jitter(seed: u64, rank: usize, task: usize) -> f64 {
-    let mut z = seed ^ ((rank as u64) << 40) ^ task as u64;
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^= z >> 31;
-    0.5 + (z >> 11) as f64 / (1u64 << 53) as f64
+    0.5 + rng::unit(rng::splitmix64(seed ^ ((rank as u64) << 40) ^ task as u64))
 }
 
 impl<'a> Sim<'a> {

@@ -7,6 +7,7 @@
 
 use serde::Serialize;
 
+use crate::floor;
 use crate::plan::layout::ROW_INFO_BYTES;
 use crate::plan::TileConfig;
 use crate::preset::Shape;
@@ -14,11 +15,11 @@ use crate::preset::Shape;
 /// Machine rates and fixed latencies.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct TimeModel {
-    /// Dense FP8 GEMM rate of one GPU, FLOP/s (measured: 1394 TFLOP/s, cuBLAS 8192³).
+    /// Dense FP8 GEMM rate of one GPU, FLOP/s.
     pub fp8_flops: f64,
-    /// HBM rate of one GPU, bytes/s (measured device copy: 4.18 TB/s, read + write counted).
+    /// HBM rate of one GPU, bytes/s (read and write counted).
     pub hbm_bytes: f64,
-    /// NVLink rate per GPU per direction, bytes/s (measured SM pull/push: 365 GB/s).
+    /// NVLink rate per GPU per direction, bytes/s.
     pub nvlink_bytes: f64,
     /// SMs per GPU (H200: 132).
     pub sms: usize,
@@ -31,11 +32,13 @@ pub struct TimeModel {
 }
 
 impl TimeModel {
-    /// The H200 pair of ANCHORS.md.
+    /// The H200 pair of ANCHORS.md: the rates of the floor, except HBM at the measured copy
+    /// rate itself (4.18 TB/s) rather than the floor's rounded 4.2, which the simulator's
+    /// recorded results (docs/SIMULATOR.md) were made with.
     pub const H200: TimeModel = TimeModel {
-        fp8_flops: 1394e12,
+        fp8_flops: floor::FP8_FLOPS,
         hbm_bytes: 4.18e12,
-        nvlink_bytes: 365e9,
+        nvlink_bytes: floor::NVLINK_BYTES_PER_S,
         sms: 132,
         barrier_s: 3e-6,
         kernel_boundary_s: 4e-6,

@@ -1,5 +1,5 @@
 //! `megamoe bench gemm`: the FP8 grouped GEMM of one MoE layer's L1 or L2, timed next to its
-//! floor (FLOPs at 1394 TFLOP/s, bytes at 4.2 TB/s) and DeepGEMM's measured time.
+//! floor (SPEC §8: FLOPs and HBM bytes at the measured rates) and DeepGEMM's measured time.
 
 use clap::{Args, ValueEnum};
 use megamoe_core::Preset;

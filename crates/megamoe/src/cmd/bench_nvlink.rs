@@ -1,7 +1,8 @@
 //! `megamoe bench nvlink`: pull and push GB/s per GPU between GPUs 0 and 1, with one and both
-//! directions busy, against the copy engine and the 365 GB/s floor.
+//! directions busy, against the copy engine and the NVLink floor.
 
-use megamoe_cuda::bench::{self, NVLINK_BYTES_PER_S};
+use megamoe_core::floor::NVLINK_BYTES_PER_S;
+use megamoe_cuda::bench;
 
 #[derive(clap::Args)]
 pub struct Args {

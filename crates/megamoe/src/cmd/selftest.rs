@@ -1,7 +1,9 @@
 //! `megamoe selftest`: every GPU check the binary holds (the runtime's, the grouped GEMM's,
 //! dispatch/combine's, then the layer's), pass/fail per check.
 
+use megamoe_cuda::selftest::Check;
 use megamoe_cuda::Gpu;
+use std::rc::Rc;
 use std::time::Instant;
 
 #[derive(clap::Args)]
@@ -11,8 +13,6 @@ pub struct Args {
     pub only: Option<String>,
 }
 
-type CheckFn = Box<dyn Fn() -> Result<String, String>>;
-
 pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     match megamoe_cuda::device_count() {
         Ok(0) => {
@@ -21,33 +21,18 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         Err(e) => return Err(format!("no GPU: {e}").into()),
         Ok(_) => {}
     }
-    let mut checks: Vec<(String, CheckFn)> = megamoe_cuda::selftest::checks()
-        .into_iter()
-        .map(|c| {
-            let run: CheckFn = Box::new(move || (c.run)().map_err(|e| e.to_string()));
-            (c.name.to_string(), run)
-        })
-        .collect();
-    let gpu = std::rc::Rc::new(Gpu::new(0)?);
-    for check in megamoe_gemm::checks::gpu_checks(gpu.props().sm_count as usize) {
-        let gpu = gpu.clone();
-        let run: CheckFn = Box::new(move || (check.run)(&gpu));
-        checks.push((check.name, run));
-    }
-    for check in megamoe_ep::selftest::gpu_checks() {
-        checks.push((check.name, check.run));
-    }
-    for check in megamoe_layer::selftest::gpu_checks() {
-        checks.push((check.name, check.run));
-    }
-    checks.retain(|(name, _)| args.only.as_deref().is_none_or(|o| name.contains(o)));
+    let mut checks = megamoe_cuda::selftest::checks();
+    checks.extend(megamoe_gemm::checks::gpu_checks(&Rc::new(Gpu::new(0)?)));
+    checks.extend(megamoe_ep::selftest::gpu_checks());
+    checks.extend(megamoe_layer::selftest::gpu_checks());
+    checks.retain(|c| args.only.as_deref().is_none_or(|o| c.name.contains(o)));
     if checks.is_empty() {
         return Err("no check matches `--only`".into());
     }
     // The GEMM checks would compile their kernels one after the other; compiled in parallel
     // first, the checks find them in this process's JIT memo. A kernel that fails here fails
     // its check again below, with the same error.
-    if checks.iter().any(|(name, _)| name.starts_with("gemm ")) {
+    if checks.iter().any(|c| c.name.starts_with("gemm ")) {
         let start = Instant::now();
         let failed = megamoe_cuda::jit::compile_all_clean(&megamoe_gemm::kernel::kernel_specs())
             .err()
@@ -58,7 +43,7 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     let mut failed = 0;
-    for (name, run) in &checks {
+    for Check { name, run } in &checks {
         let start = Instant::now();
         let outcome = run();
         let ms = start.elapsed().as_secs_f64() * 1e3;

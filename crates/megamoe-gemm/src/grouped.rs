@@ -1,16 +1,27 @@
-//! Host side of one grouped GEMM launch: tensor maps, params, launch, error word.
+//! Host side of one grouped GEMM launch: tensor maps, params, launch, wait record.
 
 use std::sync::Arc;
 
 use megamoe_cuda::wait::{deadline_ns, DEFAULT_DEADLINE};
 use megamoe_cuda::{
     jit, DeviceBuffer, Gpu, Kernel, LaunchConfig, Swizzle, TensorMap, TiledMap, TmaDtype,
+    WaitNames, WaitRecord,
 };
 
 use crate::error::{GemmError, Result};
 use crate::heuristics::{block_n_tiles, validate, GemmConfig, GemmProblem, Layout, OutDtype};
 use crate::kernel::{kernel_spec, THREADS};
 use crate::params::GroupedGemmParams;
+
+/// The names of the kernel's waits, numbered as `WaitId` in
+/// device/megamoe_gemm/pipeline/barriers.cuh.
+pub const WAITS: WaitNames = WaitNames {
+    first: 0x100,
+    names: &[
+        "consumer waiting for a stage's TMA data (full barrier)",
+        "producer waiting for a free stage (empty barrier)",
+    ],
+};
 
 /// A 2-D tiled map: `dims = [inner, outer]` elements, `row_bytes` between outer rows.
 fn map_2d(
@@ -170,7 +181,7 @@ impl GroupedGemm {
                     .into(),
             });
         }
-        let error = gpu.alloc_zeroed(4)?;
+        let error = gpu.alloc_zeroed(std::mem::size_of::<WaitRecord>())?;
         let params = GroupedGemmParams {
             tma_a,
             tma_b,
@@ -224,18 +235,13 @@ impl GroupedGemm {
     /// Synchronises and turns an expired device wait into an error.
     pub fn check(&self, gpu: &Gpu) -> Result<()> {
         gpu.synchronize()?;
-        let word = self.error.download::<u32>()?[0];
-        if word == 0 {
+        let record = self.error.download::<WaitRecord>()?[0];
+        if record.status == 0 {
             return Ok(());
         }
-        let what = match word & 0xFFFF {
-            1 => "consumer waiting for a stage's TMA data (full barrier)",
-            2 => "producer waiting for a free stage (empty barrier)",
-            _ => "unknown wait",
-        };
         Err(GemmError::DeviceTimeout {
             kernel: self.config.kernel_name(),
-            what: what.to_string(),
+            what: record.wait_name(&[&WAITS]).to_string(),
         })
     }
 }

@@ -69,10 +69,9 @@ __device__ __forceinline__ void raise_on_all(const Signals& s, int kind) {
     arrive_all(s, kind);
 }
 
-// The runtime's name of each signal's wait (`megamoe_cuda::Wait`).
-__device__ __forceinline__ megamoe::comm::Wait wait_of(int kind) {
-    return static_cast<megamoe::comm::Wait>(u32(megamoe::comm::Wait::DispatchReady) + kind);
-}
+// The wait on each signal kind, in this crate's range of wait ids (named by `megamoe_ep::error::WAITS`).
+constexpr u32 kFirstWait = 0x200;
+__device__ __forceinline__ u32 wait_of(int kind) { return kFirstWait + kind; }
 
 // Every block waits until `kind` from every source reached epoch * kUnit. Returns false (after
 // recording which wait expired) when the deadline passed.

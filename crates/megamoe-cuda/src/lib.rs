@@ -43,8 +43,9 @@
 //!   `#include <megamoe/ptx/memory.cuh>`. Registry hook: each crate exposes
 //!   `kernel_specs() -> Vec<KernelSpec>`; its tests call [`jit::assert_compiles_clean`].
 //! - [`TiledMap::encode`] → [`TensorMap`], 128 bytes aligned to 64, embedded in params.
-//! - [`WaitRecord`] / [`Wait`]: what a device-side wait that ran past its deadline records,
-//!   decoded into [`Error::WaitTimeout`].
+//! - [`WaitRecord`]: what a device-side wait that ran past its deadline records, the one
+//!   channel of expired waits of every crate, decoded into [`Error::WaitTimeout`]; each crate
+//!   names its own waits ([`WaitNames`]; the runtime's are [`Wait`]).
 //! - [`World`] of R ranks (R may exceed the GPU count: virtual ranks), one host thread per rank
 //!   ([`World::run`], errors on every rank when one fails), [`SymmetricBuffer`]s with per-rank
 //!   peer pointer tables, and [`Rank::barrier`], a device-side barrier with a deadline.
@@ -77,4 +78,4 @@ pub use jit::{CompiledKernel, KernelSpec};
 pub use quant::Quantizer;
 pub use ranks::{Rank, SymmetricBuffer, World};
 pub use tma::{Swizzle, TensorMap, TiledMap, TmaDtype};
-pub use wait::{Wait, WaitRecord};
+pub use wait::{Wait, WaitNames, WaitRecord};

@@ -14,7 +14,7 @@
 use crate::device::{DeviceBuffer, Gpu, Kernel, LaunchConfig};
 use crate::error::{Error, Result};
 use crate::kernels::{self, RankBarrierParams};
-use crate::wait::{deadline_ns, WaitRecord, DEFAULT_DEADLINE};
+use crate::wait::{deadline_ns, WaitNames, WaitRecord, DEFAULT_DEADLINE};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -84,14 +84,15 @@ impl Rank {
         self.gpu
             .launch(&self.barrier, &LaunchConfig::new(1, 32), &params)?;
         self.gpu.synchronize()?;
-        self.check_waits()
+        self.check_waits(&[])
     }
 
-    /// Reads this rank's wait record: an error if any device wait of this rank timed out.
-    pub fn check_waits(&self) -> Result<()> {
+    /// Reads this rank's wait record: an error if any device wait of this rank timed out, named
+    /// by the runtime's own wait names or those of `waits` (the caller's kernels' waits).
+    pub fn check_waits(&self, waits: &[&WaitNames]) -> Result<()> {
         let mut rec = [WaitRecord::default()];
         self.record.download_into(0, &mut rec)?;
-        match rec[0].to_error(self.deadline) {
+        match rec[0].to_error(self.deadline, waits) {
             Some(e) => {
                 self.broken.store(true, Ordering::Release);
                 Err(e)

@@ -143,7 +143,7 @@ fn tma() -> Result<String> {
     gpu.launch(&kernel, &LaunchConfig::new(1, 128), &params)?;
     gpu.synchronize()?;
     let rec: Vec<WaitRecord> = record.download()?;
-    if let Some(e) = rec[0].to_error(DEFAULT_DEADLINE) {
+    if let Some(e) = rec[0].to_error(DEFAULT_DEADLINE, &[]) {
         return Err(e);
     }
     let got: Vec<u32> = out.download()?;

@@ -8,43 +8,37 @@ use std::time::Duration;
 /// The default deadline of every device-side wait.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(5);
 
-/// Every kind of device wait, numbered as in `comm::Wait`.
+/// The names of one crate's device waits: its kernels record wait `first + i` for `names[i]`.
+///
+/// Every crate numbers its waits in a range of its own, so the waits of all crates share one
+/// record and a decoder given the wrong table says "unknown wait", never a wrong name: this
+/// runtime from 1, megamoe-gemm from 0x100, megamoe-ep from 0x200.
+#[derive(Debug, Clone, Copy)]
+pub struct WaitNames {
+    pub first: u32,
+    pub names: &'static [&'static str],
+}
+
+impl WaitNames {
+    pub fn name(&self, wait: u32) -> Option<&'static str> {
+        let i = wait.checked_sub(self.first)?;
+        self.names.get(i as usize).copied()
+    }
+}
+
+/// The runtime's own device waits, numbered as in `comm::Wait`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u32)]
 pub enum Wait {
     RankBarrier = 1,
     TmaLoad = 2,
-    DispatchReady = 3,
-    DispatchDone = 4,
-    CombineReady = 5,
-    CombineDone = 6,
 }
 
-impl Wait {
-    pub fn from_raw(raw: u32) -> Option<Wait> {
-        [
-            Wait::RankBarrier,
-            Wait::TmaLoad,
-            Wait::DispatchReady,
-            Wait::DispatchDone,
-            Wait::CombineReady,
-            Wait::CombineDone,
-        ]
-        .into_iter()
-        .find(|w| *w as u32 == raw)
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Wait::RankBarrier => "rank barrier",
-            Wait::TmaLoad => "TMA load",
-            Wait::DispatchReady => "dispatch ready",
-            Wait::DispatchDone => "dispatch done",
-            Wait::CombineReady => "combine ready",
-            Wait::CombineDone => "combine done",
-        }
-    }
-}
+/// The names of [`Wait`], in its order.
+pub const WAITS: WaitNames = WaitNames {
+    first: Wait::RankBarrier as u32,
+    names: &["rank barrier", "TMA load"],
+};
 
 /// What a timed-out wait recorded (`comm::WaitRecord`); all zero when nothing timed out.
 #[repr(C)]
@@ -62,11 +56,21 @@ const _: () = assert!(std::mem::align_of::<WaitRecord>() == 8);
 unsafe impl Pod for WaitRecord {}
 
 impl WaitRecord {
-    /// `None` when no wait timed out, else the error naming rank, wait, peer and value.
-    pub fn to_error(&self, deadline: Duration) -> Option<Error> {
+    /// The recorded wait's name, from the runtime's own names or those of `waits`.
+    pub fn wait_name(&self, waits: &[&WaitNames]) -> &'static str {
+        [&WAITS]
+            .into_iter()
+            .chain(waits.iter().copied())
+            .find_map(|names| names.name(self.wait))
+            .unwrap_or("unknown wait")
+    }
+
+    /// `None` when no wait timed out, else the error naming rank, wait (see [`Self::wait_name`]),
+    /// peer and value.
+    pub fn to_error(&self, deadline: Duration, waits: &[&WaitNames]) -> Option<Error> {
         (self.status != 0).then(|| Error::WaitTimeout {
             rank: self.rank as usize,
-            wait: Wait::from_raw(self.wait).map_or("unknown wait", Wait::name),
+            wait: self.wait_name(waits),
             peer: self.peer as usize,
             observed: self.observed,
             expected: self.expected,
@@ -86,7 +90,9 @@ mod tests {
 
     #[test]
     fn clear_record_is_no_error() {
-        assert!(WaitRecord::default().to_error(DEFAULT_DEADLINE).is_none());
+        assert!(WaitRecord::default()
+            .to_error(DEFAULT_DEADLINE, &[])
+            .is_none());
     }
 
     #[test]
@@ -99,7 +105,7 @@ mod tests {
             observed: 3,
             expected: 4,
         };
-        let e = r.to_error(Duration::from_millis(250)).unwrap();
+        let e = r.to_error(Duration::from_millis(250), &[]).unwrap();
         assert_eq!(
             e.to_string(),
             "rank 2: wait `rank barrier` timed out after 250 ms waiting for rank 1: \
@@ -115,10 +121,30 @@ mod tests {
             ..Default::default()
         };
         assert!(r
-            .to_error(DEFAULT_DEADLINE)
+            .to_error(DEFAULT_DEADLINE, &[])
             .unwrap()
             .to_string()
             .contains("unknown wait"));
+    }
+
+    #[test]
+    fn a_crates_waits_are_named_by_its_own_table() {
+        const OTHER: WaitNames = WaitNames {
+            first: 0x100,
+            names: &["first", "second"],
+        };
+        let r = WaitRecord {
+            status: 1,
+            wait: 0x101,
+            ..Default::default()
+        };
+        assert_eq!(r.wait_name(&[&OTHER]), "second");
+        assert_eq!(r.wait_name(&[]), "unknown wait");
+        let barrier = WaitRecord {
+            wait: Wait::RankBarrier as u32,
+            ..r
+        };
+        assert_eq!(barrier.wait_name(&[&OTHER]), "rank barrier");
     }
 
     #[test]

@@ -1,6 +1,20 @@
 //! Errors of dispatch and combine.
 
+use megamoe_cuda::WaitNames;
 use thiserror::Error;
+
+/// The names of the kernels' waits, one per signal kind (`Signal` in
+/// device/megamoe_ep/params.cuh, in its order), numbered from `comm::kFirstWait`
+/// (device/megamoe_ep/comm/sync.cuh).
+pub const WAITS: WaitNames = WaitNames {
+    first: 0x200,
+    names: &[
+        "dispatch ready",
+        "dispatch done",
+        "combine ready",
+        "combine done",
+    ],
+};
 
 #[derive(Debug, Error)]
 pub enum EpError {

@@ -683,7 +683,7 @@ impl EpWorld {
             r.gpu.synchronize()?;
         }
         for r in self.world.ranks() {
-            r.check_waits()?;
+            r.check_waits(&[&crate::error::WAITS])?;
         }
         let mut first = None;
         for rank in 0..self.ranks() {

@@ -1,16 +1,27 @@
-//! Host side of one grouped GEMM launch: tensor maps, params, launch, error word.
+//! Host side of one grouped GEMM launch: tensor maps, params, launch, wait record.
 
 use std::sync::Arc;
 
 use megamoe_cuda::wait::{deadline_ns, DEFAULT_DEADLINE};
 use megamoe_cuda::{
     jit, DeviceBuffer, Gpu, Kernel, LaunchConfig, Swizzle, TensorMap, TiledMap, TmaDtype,
+    WaitNames, WaitRecord,
 };
 
 use crate::error::{GemmError, Result};
 use crate::heuristics::{block_n_tiles, validate, GemmConfig, GemmProblem, Layout, OutDtype};
 use crate::kernel::{kernel_spec, THREADS};
 use crate::params::GroupedGemmParams;
+
+/// The names of the kernel's waits, numbered as `WaitId` in
+/// device/megamoe_gemm/pipeline/barriers.cuh.
+pub const WAITS: WaitNames = WaitNames {
+    first: 0x100,
+    names: &[
+        "consumer waiting for a stage's TMA data (full barrier)",
+        "producer waiting for a free stage (empty barrier)",
+    ],
+};
 
 /// A 2-D tiled map: `dims = [inner, outer]` elements, `row_bytes` between outer rows.
 fn map_2d(
@@ -74,7 +85,7 @@ pub struct GroupedGemm {
 }
 
 /// The checked parameters of one launch of `problem` with `config` (tensor maps over the
-/// operands in `ptr`) and the launch's zeroed error word, which they point to; for kernels that
+/// operands in `ptr`) and the launch's zeroed wait record, which they point to; for kernels that
 /// embed the GEMM with an epilogue of their own (the MoE layer's).
 pub fn gemm_params(
     gpu: &Gpu,
@@ -170,7 +181,7 @@ pub fn gemm_params(
                 .into(),
         });
     }
-    let error = gpu.alloc_zeroed(4)?;
+    let error = gpu.alloc_zeroed(std::mem::size_of::<WaitRecord>())?;
     let params = GroupedGemmParams {
         tma_a,
         tma_b,
@@ -194,19 +205,14 @@ pub fn gemm_params(
     Ok((params, error))
 }
 
-/// Whether a device error word reports an expired wait: the error naming the wait.
-pub fn check_error_word(word: u32, kernel: &str) -> Result<()> {
-    if word == 0 {
+/// Whether a launch's wait record reports an expired wait: the error naming the wait.
+pub fn check_wait_record(record: WaitRecord, kernel: &str) -> Result<()> {
+    if record.status == 0 {
         return Ok(());
     }
-    let what = match word & 0xFFFF {
-        1 => "consumer waiting for a stage's TMA data (full barrier)",
-        2 => "producer waiting for a free stage (empty barrier)",
-        _ => "unknown wait",
-    };
     Err(GemmError::DeviceTimeout {
         kernel: kernel.to_string(),
-        what: what.to_string(),
+        what: record.wait_name(&[&WAITS]).to_string(),
     })
 }
 
@@ -254,6 +260,9 @@ impl GroupedGemm {
     /// Synchronises and turns an expired device wait into an error.
     pub fn check(&self, gpu: &Gpu) -> Result<()> {
         gpu.synchronize()?;
-        check_error_word(self.error.download::<u32>()?[0], &self.config.kernel_name())
+        check_wait_record(
+            self.error.download::<WaitRecord>()?[0],
+            &self.config.kernel_name(),
+        )
     }
 }

@@ -12,20 +12,16 @@
 //! (`a_regs`), benchmark knobs not chosen here. The one-wave tiles (128 x 128 and 64 x 256) also
 //! exist with the promotion of each scale group overlapping the next group's wgmmas
 //! (`pipelined`, v6), a benchmark knob not chosen here either.
+//!
+//! The tile shapes, the shared-memory plan and the rules for BLOCK_M and BLOCK_N live in
+//! `megamoe_core::plan::heuristics`, which the planner reads too.
+
+use megamoe_core::plan::heuristics::{block_m, block_n};
+pub use megamoe_core::plan::heuristics::{
+    max_stages, smem_bytes, MAX_EXPERTS, MAX_K_BLOCKS, MAX_SMEM_BYTES, MAX_STAGES, TILE_SHAPES,
+};
 
 use crate::error::GemmError;
-
-/// Shared memory one CTA may ask for on sm_90 (227 KiB).
-pub const MAX_SMEM_BYTES: usize = 232_448;
-/// Most experts one launch takes (their row counts are staged in shared memory).
-pub const MAX_EXPERTS: usize = 1024;
-/// Longest K, in 128-wide blocks: a tile's weight scales are staged in shared memory.
-pub const MAX_K_BLOCKS: usize = 128;
-/// Deepest ring the kernel is instantiated with.
-pub const MAX_STAGES: usize = 8;
-const BLOCK_K: usize = 128;
-/// Every (BLOCK_M, BLOCK_N) the kernel is instantiated with.
-pub const TILE_SHAPES: [(usize, usize); 4] = [(128, 256), (128, 192), (128, 128), (64, 256)];
 
 /// Whether a BLOCK_N tiles N: 128 and 256 must divide it; a 192-column tile may leave a partial
 /// last n-block (N is a multiple of 128, so at most 128 of its columns are past N).
@@ -130,25 +126,9 @@ impl GemmConfig {
     }
 }
 
-/// Bytes of the shared-memory plan (SmemLayout in kernels/layout/smem_layout.cuh).
-pub fn smem_bytes(block_m: usize, block_n: usize, stages: usize, group_size: usize) -> usize {
-    let per_stage = block_m * BLOCK_K + block_n * BLOCK_K + (BLOCK_K / group_size) * block_m * 4;
-    let staging = 2 * 64 * 64 * 2;
-    let weight_scales = 2 * 2 * MAX_K_BLOCKS * 4;
-    stages * per_stage + staging + 2 * stages * 8 + MAX_EXPERTS * 4 + weight_scales
-}
-
 /// Whether the TMA-store epilogue applies (see `GemmConfig::tma_store`).
 pub fn tma_store_applies(masked: bool, out: OutDtype) -> bool {
     !masked && out == OutDtype::Bf16
-}
-
-/// The deepest ring that fits in shared memory.
-pub fn max_stages(block_m: usize, block_n: usize, group_size: usize) -> usize {
-    (1..=MAX_STAGES)
-        .rev()
-        .find(|&s| smem_bytes(block_m, block_n, s, group_size) + 1024 <= MAX_SMEM_BYTES)
-        .unwrap_or(1)
 }
 
 /// Checks the shape rules this kernel has (clear errors naming the limit).
@@ -194,27 +174,25 @@ pub fn validate(p: &GemmProblem) -> Result<(), GemmError> {
 /// Picks the kernel configuration for `p` on a GPU with `sms` multiprocessors.
 pub fn choose(p: &GemmProblem, sms: usize) -> Result<GemmConfig, GemmError> {
     validate(p)?;
-    let pad_allows_64 = match p.layout {
-        Layout::Contiguous { pad } => pad % 64 == 0,
-        Layout::Masked { .. } => true,
+    // Segments padded to 64 rows only fit 64-row blocks.
+    let pad_64 = matches!(p.layout, Layout::Contiguous { pad } if pad % 128 != 0);
+    let wanted = if pad_64 {
+        64
+    } else {
+        block_m(p.rows_per_expert)
     };
-    let pad_allows_128 = match p.layout {
-        Layout::Contiguous { pad } => pad % 128 == 0,
-        Layout::Masked { .. } => true,
-    };
-    let small = p.rows_per_expert <= 64 && p.n % 256 == 0 && pad_allows_64;
-    let (block_m, block_n) = if small || !pad_allows_128 {
-        if p.n % 256 != 0 {
+    let (block_m, block_n) = match block_n(wanted, p.n) {
+        Some(block_n) => (wanted, block_n),
+        None if pad_64 => {
             return Err(GemmError::Shape {
                 arg: "n",
                 reason: format!("{} must be a multiple of 256 with 64-row segments", p.n),
-            });
+            })
         }
-        (64, 256)
-    } else if p.n % 256 == 0 {
-        (128, 256)
-    } else {
-        (128, 128)
+        None => (
+            128,
+            block_n(128, p.n).expect("validated: n is a multiple of 128"),
+        ),
     };
     let config = GemmConfig {
         block_m,
@@ -505,6 +483,40 @@ mod tests {
             choose(&p, 132),
             Err(GemmError::Shape { arg: "n", .. })
         ));
+    }
+
+    #[test]
+    fn the_planner_picks_the_gemms_tiles() {
+        use megamoe_core::plan::heuristics::{rows_per_expert, tile_config};
+        for preset in megamoe_core::preset::PRESETS {
+            let s = preset.shape;
+            for bound in [1, 256, 512, 8192] {
+                let plan = tile_config(&s, 8, bound, 64);
+                let gemms = [
+                    (2 * s.inter, s.hidden, 128, plan.block_n_l1, plan.stages_l1),
+                    (s.hidden, s.inter, 64, plan.block_n_l2, plan.stages_l2),
+                ];
+                for (n, k, group_size, block_n, stages) in gemms {
+                    let p = GemmProblem {
+                        experts: s.local_experts(8),
+                        n,
+                        k,
+                        group_size,
+                        layout: Layout::Masked { max_m: 4096 },
+                        out: OutDtype::Bf16,
+                        rows_per_expert: rows_per_expert(&s, 8, bound),
+                    };
+                    let c = choose(&p, 132).unwrap();
+                    let want = (plan.block_m, block_n, stages);
+                    assert_eq!(
+                        (c.block_m, c.block_n, c.stages),
+                        want,
+                        "{} at {bound}",
+                        preset.name
+                    );
+                }
+            }
+        }
     }
 
     #[test]

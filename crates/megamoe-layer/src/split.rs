@@ -21,11 +21,11 @@ use half::bf16;
 use megamoe_core::routing::{check_slot_weights, check_topk_idx};
 use megamoe_core::weights::RankWeightsFp8;
 use megamoe_core::Error;
-use megamoe_cuda::{jit, DeviceBuffer, Gpu, Kernel, Quantizer};
+use megamoe_cuda::{jit, DeviceBuffer, Gpu, Kernel, Quantizer, WaitRecord};
 use megamoe_ep::{
     CombineOrder, EpConfig, EpWorld, Handle, IoRegion, RowDtype, SyncMode, DEFAULT_NUM_SMS,
 };
-use megamoe_gemm::grouped::{check_error_word, gemm_params, launch_config};
+use megamoe_gemm::grouped::{check_wait_record, gemm_params, launch_config};
 use megamoe_gemm::heuristics::{choose, GemmConfig, GemmProblem, Layout, OutDtype};
 use megamoe_gemm::{GemmPointers, GroupedGemm};
 
@@ -316,8 +316,8 @@ impl SplitLayer {
     pub fn finish(&self) -> Result<()> {
         self.ep.sync()?;
         for rank in &self.ranks {
-            let word = rank.l1_error.download::<u32>()?[0];
-            check_error_word(word, &split_l1_spec(&self.l1_config).name)?;
+            let record = rank.l1_error.download::<WaitRecord>()?[0];
+            check_wait_record(record, &split_l1_spec(&self.l1_config).name)?;
             for l2 in &rank.l2 {
                 l2.check(&rank.gpu)?;
             }

@@ -53,7 +53,7 @@ impl CallPlan {
                 capacity: ring.t_cap,
             });
         }
-        let tile = tile_config(shape, ranks, bound);
+        let tile = tile_config(shape, ranks, bound, gran);
         Ok(CallPlan {
             shape: *shape,
             ranks,

@@ -8,19 +8,16 @@
 
 namespace megamoe::comm {
 
-// Every kind of device wait; the numbers are decoded by `megamoe_cuda::Wait`.
-enum class Wait : u32 {
+// The runtime's own waits, decoded by `megamoe_cuda::Wait`. Other crates number theirs in
+// ranges of their own (see `megamoe_cuda::WaitNames`); a plain enum, so its values pass as u32.
+enum Wait : u32 {
   RankBarrier = 1,
   TmaLoad = 2,
-  DispatchReady = 3,
-  DispatchDone = 4,
-  CombineReady = 5,
-  CombineDone = 6,
 };
 
 struct WaitRecord {
   u32 status;  // 0: no timeout; 1: timed out (first timeout wins)
-  u32 wait;    // a Wait
+  u32 wait;    // a Wait, or a wait of another crate's range
   u32 rank;    // the rank that waited
   u32 peer;    // the rank it waited for
   u64 observed;
@@ -36,10 +33,10 @@ struct Deadline {
   __device__ __forceinline__ bool expired() const { return ptx::globaltimer_ns() > end_ns; }
 };
 
-__device__ __forceinline__ void report_timeout(WaitRecord* rec, Wait wait, u32 rank, u32 peer,
+__device__ __forceinline__ void report_timeout(WaitRecord* rec, u32 wait, u32 rank, u32 peer,
                                                u64 observed, u64 expected) {
   if (ptx::atomic_cas_u32(&rec->status, 0u, 1u) == 0u) {
-    rec->wait = static_cast<u32>(wait);
+    rec->wait = wait;
     rec->rank = rank;
     rec->peer = peer;
     rec->observed = observed;

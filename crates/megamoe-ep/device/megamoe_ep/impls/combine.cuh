@@ -94,14 +94,14 @@ __device__ void combine_tokens(const CombineParams& p) {
 
 __device__ void combine_kernel(const CombineParams& p) {
     __shared__ CombineShared s;
-    const Layout& l = p.l;
-    const u64 epoch = comm::read_epoch(l, kCombineFamily, &s.epoch);
-    comm::raise_on_all(l, kCombineReady);
-    if (!comm::wait_all(l, kCombineReady, epoch, &s.ok)) return;
+    const comm::Signals sig = comm::signals(p.l);
+    const u64 epoch = comm::read_epoch(sig, kCombineFamily, &s.epoch);
+    comm::raise_on_all(sig, kCombineReady);
+    if (!comm::wait_all(sig, kCombineReady, epoch, &s.ok)) return;
     combine_tokens(p);
-    comm::arrive_all(l, kCombineDone);
-    if (!comm::wait_all(l, kCombineDone, epoch, &s.ok)) return;
-    comm::store_epoch(l, kCombineFamily, epoch);
+    comm::arrive_all(sig, kCombineDone);
+    if (!comm::wait_all(sig, kCombineDone, epoch, &s.ok)) return;
+    comm::store_epoch(sig, kCombineFamily, epoch);
 }
 
 }  // namespace ep

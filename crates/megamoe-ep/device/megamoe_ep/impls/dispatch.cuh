@@ -255,13 +255,13 @@ __device__ void dispatch_layout(const DispatchParams& p, DispatchShared& s, u64 
     if (warp == 0) {
         const u64 st = lane < R ? reinterpret_cast<volatile u64*>(comm::buf(l, me) + l.off_status)[lane] : 0;
         const u32 bad = __ballot_sync(0xffffffffu, lane < R && (st >> 32) == epoch);
-        if (bad && blockIdx.x == 0 && lane == __ffs(bad) - 1) comm::record_error(l, kBadTopk, 0xffffffffu - u32(st), lane, 0, 0);
+        if (bad && blockIdx.x == 0 && lane == __ffs(bad) - 1) comm::record_error(comm::signals(l), kBadTopk, 0xffffffffu - u32(st), lane, 0, 0);
         if (lane == 0) {
             s.skip = bad != 0;
             const int rows = El ? s.seg_base[El - 1] + s.padded[El - 1] : 0;
             if (!s.skip && rows > p.row_bound) {
                 s.skip = 1;
-                if (blockIdx.x == 0) comm::record_error(l, kOverflow, 0, me, rows, p.row_bound);
+                if (blockIdx.x == 0) comm::record_error(comm::signals(l), kOverflow, 0, me, rows, p.row_bound);
             }
         }
     }
@@ -443,11 +443,12 @@ __device__ void pull_rows(const DispatchParams& p, const DispatchShared& s) {
 __device__ void dispatch_kernel(const DispatchParams& p) {
     __shared__ DispatchShared s;
     const Layout& l = p.l;
+    const comm::Signals sig = comm::signals(l);
     const bool fresh = p.mode != kCached;  // routing comes with the call, not from a handle
-    const u64 epoch = comm::read_epoch(l, kDispatchFamily, &s.epoch);
+    const u64 epoch = comm::read_epoch(sig, kDispatchFamily, &s.epoch);
     if (fresh) dispatch_meta(p, epoch);
-    comm::raise_on_all(l, kDispatchReady);
-    if (!comm::wait_all(l, kDispatchReady, epoch, &s.ok)) return;
+    comm::raise_on_all(sig, kDispatchReady);
+    if (!comm::wait_all(sig, kDispatchReady, epoch, &s.ok)) return;
     if (fresh) {
         dispatch_layout(p, s, epoch);
         if (!s.skip) record_handle(p, s);
@@ -469,9 +470,9 @@ __device__ void dispatch_kernel(const DispatchParams& p) {
     }
     // Every block tells every source it is done reading from it; the last wait keeps this
     // rank's inputs and meta alive until every rank is done with them.
-    comm::arrive_all(l, kDispatchDone);
-    if (!comm::wait_all(l, kDispatchDone, epoch, &s.ok)) return;
-    comm::store_epoch(l, kDispatchFamily, epoch);
+    comm::arrive_all(sig, kDispatchDone);
+    if (!comm::wait_all(sig, kDispatchDone, epoch, &s.ok)) return;
+    comm::store_epoch(sig, kDispatchFamily, epoch);
 }
 
 }  // namespace ep

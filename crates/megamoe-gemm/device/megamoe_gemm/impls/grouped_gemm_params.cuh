@@ -14,7 +14,7 @@ struct GroupedGemmParams {
     u64 out;                 // bf16 or f32 output, rows like the activations, N columns
     u64 scale_b;             // f32 weight scales [E, N/128, K/128]
     u64 expert_rows;         // i32 [E]: padded segment sizes (contiguous) or valid rows (masked)
-    u64 error;               // u32 word, 0 = fine; see WaitId
+    u64 error;               // megamoe::comm::WaitRecord; see WaitId
     u64 timeout_ns;          // deadline of every device wait
     u32 num_experts;
     u32 n;

@@ -93,7 +93,7 @@ __device__ __forceinline__ void tile_k_loop(const GroupedGemmParams& p,
     // of the warp's 16, times bytes 0-15 | 16-31 of the k32 step), before the 128-byte swizzle.
     const u32 a_ld_row = (threadIdx.x / 32) % 4 * 16 + lane % 8 + 8 * ((lane / 8) % 2);
     const u32 a_ld_chunk = lane / 16;
-    u32* error = reinterpret_cast<u32*>(p.error);
+    auto* error = reinterpret_cast<comm::WaitRecord*>(p.error);
     const u32 k_blocks = p.k / Layout::kBlockK;
     // The tile's weight scales, staged by the caller (TileWeightScales).
     constexpr u32 kRowFloats = Layout::kScaleBRowFloats;
@@ -260,8 +260,9 @@ struct PipelinedKLoop {
     // and serialize every wgmma of the kernel (C7518); aligned wgmma.wait_group needs the whole
     // warp, hence the per-warp wait.
     __device__ __forceinline__ void wait_full() {
-        mbarrier_wait_warp(smem.full(ring.stage), ring.phase, reinterpret_cast<u32*>(p.error),
-                           p.timeout_ns, kWaitFull, [] { wgmma_wait<0>(); });
+        mbarrier_wait_warp(smem.full(ring.stage), ring.phase,
+                           reinterpret_cast<comm::WaitRecord*>(p.error), p.timeout_ns, kWaitFull,
+                           [] { wgmma_wait<0>(); });
     }
 
     // Folds the completed group in acc[kBuf] into the sum and releases its stage if it was the

@@ -1,7 +1,8 @@
 // The grouped GEMM's barriers: the deadline-bounded wait on a ring stage's mbarrier, and every
 // named barrier of the kernel. A wait that expires records which barrier it was in the kernel's
-// error word and ends the thread instead of hanging.
+// megamoe::comm::WaitRecord and ends the thread instead of hanging.
 #pragma once
+#include <megamoe/comm/deadline.cuh>
 #include <megamoe/common.cuh>
 #include <megamoe/ptx/mbarrier.cuh>
 #include <megamoe/ptx/sync.cuh>
@@ -9,20 +10,25 @@
 
 namespace megamoe::gemm {
 
-// Error word layout: bit 31 set = a wait expired; bits 0..15 = the wait's id (WaitId).
+// The kernel's waits, in this crate's range of wait ids (named by `megamoe_gemm::grouped::WAITS`).
 enum WaitId : u32 {
-    kWaitFull = 1,   // consumer waiting for a stage's TMA data
-    kWaitEmpty = 2,  // producer waiting for consumers to release a stage
+    kWaitFull = 0x100,   // consumer waiting for a stage's TMA data
+    kWaitEmpty = 0x101,  // producer waiting for consumers to release a stage
 };
 
+// An mbarrier has no count to report: the record names the wait, its values stay 0 (one rank).
+__device__ __forceinline__ void report_expired(comm::WaitRecord* record, WaitId id) {
+    comm::report_timeout(record, id, 0, 0, 0, 0);
+}
+
 // Waits for the phase of `parity` to complete; on deadline records `id` and exits the thread.
-__device__ __forceinline__ void mbarrier_wait(u64* bar, u32 parity, u32* error, u64 timeout_ns,
-                                              WaitId id) {
+__device__ __forceinline__ void mbarrier_wait(u64* bar, u32 parity, comm::WaitRecord* record,
+                                              u64 timeout_ns, WaitId id) {
     if (ptx::mbarrier_try_wait_parity(bar, parity)) return;
     const u64 start = ptx::globaltimer_ns();
     while (!ptx::mbarrier_try_wait_parity(bar, parity)) {
         if (ptx::globaltimer_ns() - start > timeout_ns) {
-            atomicCAS(error, 0u, 0x80000000u | static_cast<u32>(id));
+            report_expired(record, id);
             asm volatile("exit;");
         }
     }
@@ -31,13 +37,13 @@ __device__ __forceinline__ void mbarrier_wait(u64* bar, u32 parity, u32* error, 
 // The same wait decided per warp (votes), for a warp that does warpgroup-collective work after
 // it: the whole warp leaves together, and on expiry runs on_expiry() (converged) before it exits.
 template <typename OnExpiry>
-__device__ __forceinline__ void mbarrier_wait_warp(u64* bar, u32 parity, u32* error, u64 timeout_ns,
-                                                   WaitId id, OnExpiry on_expiry) {
+__device__ __forceinline__ void mbarrier_wait_warp(u64* bar, u32 parity, comm::WaitRecord* record,
+                                                   u64 timeout_ns, WaitId id, OnExpiry on_expiry) {
     if (__all_sync(~0u, ptx::mbarrier_try_wait_parity(bar, parity))) return;
     const u64 start = ptx::globaltimer_ns();
     while (!__all_sync(~0u, ptx::mbarrier_try_wait_parity(bar, parity))) {
         if (__any_sync(~0u, ptx::globaltimer_ns() - start > timeout_ns)) {
-            atomicCAS(error, 0u, 0x80000000u | static_cast<u32>(id));
+            report_expired(record, id);
             on_expiry();
             asm volatile("exit;");
         }

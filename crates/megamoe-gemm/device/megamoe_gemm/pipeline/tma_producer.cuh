@@ -19,7 +19,7 @@ __device__ void tma_producer(const GroupedGemmParams& p,
     constexpr int kScaleCols = Layout::kScaleCols;
     // Rows of the weight tile one TMA box holds (the map's box, set in src/grouped.rs).
     constexpr u32 kBRowsPerLoad = BLOCK_N / kClusterM;
-    u32* error = reinterpret_cast<u32*>(p.error);
+    auto* error = reinterpret_cast<comm::WaitRecord*>(p.error);
     const u32 k_blocks = p.k / Layout::kBlockK;
     const u32 k_groups = p.k / kGroupSize;
 

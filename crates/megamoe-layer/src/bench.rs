@@ -13,7 +13,7 @@ use megamoe_cuda::bench::Stats;
 
 use crate::error::Result;
 use crate::spec::LayerSpec;
-use crate::split::{Activations, RankInput, SplitLayer};
+use crate::split::{Activations, Phase, RankInput, SplitLayer};
 
 /// What to measure.
 #[derive(Clone, Debug)]
@@ -45,6 +45,8 @@ pub struct LayerRow {
     pub floor_us: f64,
     /// Valid-slot TFLOP/s of the split layer.
     pub tflops: f64,
+    /// Each phase launched alone (after the rounds), median µs, in [`Phase::ALL`] order.
+    pub phases_us: [f64; 4],
 }
 
 /// Runs every cell.
@@ -97,6 +99,10 @@ pub fn run(b: &LayerBench, progress: &dyn Fn(&str)) -> Result<Vec<LayerRow>> {
                 }
             }
         }
+        let mut phases_us = [0.0; 4];
+        for (us, phase) in phases_us.iter_mut().zip(Phase::ALL) {
+            *us = time(&mut layer, b.iters, |l| l.launch_phase(&staged, phase))? * 1e3;
+        }
         let ratios: Vec<f64> = split.iter().zip(&alone).map(|(s, g)| s / g).collect();
         let valid_slots = world.valid_slots();
         let flops = valid_slots as f64 * b.shape.flops_per_slot();
@@ -121,6 +127,7 @@ pub fn run(b: &LayerBench, progress: &dyn Fn(&str)) -> Result<Vec<LayerRow>> {
             ratio_max: ratios.iter().copied().fold(0.0, f64::max),
             floor_us: floor_s * 1e6,
             tflops: flops / b.ranks as f64 / (split_us * 1e-6) / 1e12,
+            phases_us,
         });
     }
     Ok(rows)

@@ -40,8 +40,9 @@ pub struct LayerSpec {
     pub group: usize,
     /// Optional SwiGLU clamp c (SPEC §3 step 2).
     pub clamp: Option<f32>,
-    /// Blocks per rank for dispatch and combine; None takes megamoe-ep's default. Never more
-    /// than a GPU's SMs over the ranks placed on it (virtual ranks, src/split.rs).
+    /// Blocks per rank for dispatch and combine; None takes every SM of the rank's share of its
+    /// GPU. Never more than a GPU's SMs over the ranks placed on it (virtual ranks,
+    /// src/split.rs).
     pub comm_sms: Option<usize>,
 }
 

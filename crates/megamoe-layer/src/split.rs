@@ -22,9 +22,7 @@ use megamoe_core::routing::{check_slot_weights, check_topk_idx};
 use megamoe_core::weights::RankWeightsFp8;
 use megamoe_core::Error;
 use megamoe_cuda::{jit, DeviceBuffer, Gpu, Kernel, Quantizer, WaitRecord};
-use megamoe_ep::{
-    CombineOrder, EpConfig, EpWorld, Handle, IoRegion, RowDtype, SyncMode, DEFAULT_NUM_SMS,
-};
+use megamoe_ep::{CombineOrder, EpConfig, EpWorld, Handle, IoRegion, RowDtype, SyncMode};
 use megamoe_gemm::grouped::{check_wait_record, gemm_params, launch_config};
 use megamoe_gemm::heuristics::{choose, GemmConfig, GemmProblem, Layout, OutDtype};
 use megamoe_gemm::{GemmPointers, GroupedGemm};
@@ -51,6 +49,32 @@ pub struct RankInput<'a> {
     pub topk_idx: &'a [i32],
     /// `[T, K]`, finite on valid slots (masked slots' weights are never read).
     pub topk_weights: &'a [f32],
+}
+
+/// The launches of one call, in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// The quantizer (bf16 input only), then dispatch into the pool.
+    Dispatch,
+    /// L1 GEMM + SwiGLU + weight + re-quantization.
+    L1,
+    /// L2 GEMM into the L2 output rows.
+    L2,
+    /// Every rank sums its tokens' rows in slot order.
+    Combine,
+}
+
+impl Phase {
+    pub const ALL: [Phase; 4] = [Phase::Dispatch, Phase::L1, Phase::L2, Phase::Combine];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Dispatch => "dispatch",
+            Phase::L1 => "L1+SwiGLU",
+            Phase::L2 => "L2",
+            Phase::Combine => "combine",
+        }
+    }
 }
 
 /// A call whose inputs are on the device: what [`SplitLayer::launch`] runs.
@@ -274,40 +298,60 @@ impl SplitLayer {
     /// Queues a staged call on every rank's stream (no host synchronization; errors of the
     /// device side are reported by [`Self::finish`]).
     pub fn launch(&mut self, staged: &Staged) -> Result<()> {
-        let h = self.spec.shape.hidden;
-        let layout = self.ep.layout;
-        for (r, rank) in self.ranks.iter().enumerate() {
-            if staged.bf16[r] {
-                let buf = self.ep.buffer(r);
-                rank.quantizer.launch_at(
-                    &rank.gpu,
-                    &rank.x_bf16,
-                    (buf, layout.in_rows),
-                    (buf, layout.in_scales),
-                    staged.tokens[r],
-                    h,
+        for phase in Phase::ALL {
+            self.launch_phase(staged, phase)?;
+        }
+        Ok(())
+    }
+
+    /// Queues one phase of a staged call on every rank's stream (the benchmark times them one
+    /// by one; each reads what the previous phase of an earlier call left).
+    pub fn launch_phase(&mut self, staged: &Staged, phase: Phase) -> Result<()> {
+        let row_bound = self.spec.pool_rows();
+        match phase {
+            Phase::Dispatch => {
+                let layout = self.ep.layout;
+                for (r, rank) in self.ranks.iter().enumerate() {
+                    if staged.bf16[r] {
+                        let buf = self.ep.buffer(r);
+                        rank.quantizer.launch_at(
+                            &rank.gpu,
+                            &rank.x_bf16,
+                            (buf, layout.in_rows),
+                            (buf, layout.in_scales),
+                            staged.tokens[r],
+                            self.spec.shape.hidden,
+                        )?;
+                    }
+                }
+                self.ep.dispatch_with_permute(
+                    &staged.tokens,
+                    POOL_PAD,
+                    SyncMode::NonBlocking { row_bound },
+                    &mut self.handle,
+                )?;
+            }
+            Phase::L1 => {
+                for rank in &self.ranks {
+                    rank.gpu
+                        .launch(&rank.l1, &launch_config(&self.l1_config), &rank.l1_params)?;
+                }
+            }
+            Phase::L2 => {
+                let l2 = self.l2_index(staged)?;
+                for rank in &self.ranks {
+                    rank.l2[l2].launch(&rank.gpu)?;
+                }
+            }
+            Phase::Combine => {
+                self.ep.combine(
+                    &self.handle,
+                    false,
+                    CombineOrder::Slot,
+                    SyncMode::NonBlocking { row_bound },
                 )?;
             }
         }
-        let row_bound = self.spec.pool_rows();
-        self.ep.dispatch_with_permute(
-            &staged.tokens,
-            POOL_PAD,
-            SyncMode::NonBlocking { row_bound },
-            &mut self.handle,
-        )?;
-        let l2 = self.l2_index(staged)?;
-        for rank in &self.ranks {
-            rank.gpu
-                .launch(&rank.l1, &launch_config(&self.l1_config), &rank.l1_params)?;
-            rank.l2[l2].launch(&rank.gpu)?;
-        }
-        self.ep.combine(
-            &self.handle,
-            false,
-            CombineOrder::Slot,
-            SyncMode::NonBlocking { row_bound },
-        )?;
         Ok(())
     }
 
@@ -518,12 +562,14 @@ fn check_input(spec: &LayerSpec, input: &RankInput) -> megamoe_core::Result<usiz
     Ok(t)
 }
 
-/// Blocks per rank for dispatch and combine: the caller's choice, else the library default;
-/// never more than the GPU's SMs over the ranks placed on it (module comment).
+/// Blocks per rank for dispatch and combine: the caller's choice, else every SM of the rank's
+/// share of its GPU (nothing runs beside them in the split form: measured faster than
+/// megamoe-ep's default, docs/PERF.md); never more than the GPU's SMs over the ranks placed on
+/// it (module comment).
 fn comm_sms(requested: Option<usize>, ranks: usize, gpus: usize, sms: usize) -> usize {
     let per_gpu = ranks.div_ceil(gpus.min(ranks));
     let fit = (sms / per_gpu).max(1);
-    requested.unwrap_or(DEFAULT_NUM_SMS).clamp(1, fit)
+    requested.unwrap_or(fit).clamp(1, fit)
 }
 
 #[cfg(test)]
@@ -532,7 +578,8 @@ mod tests {
 
     #[test]
     fn communication_blocks_of_every_virtual_rank_fit_on_the_gpu() {
-        assert_eq!(comm_sms(None, 1, 1, 132), DEFAULT_NUM_SMS);
+        assert_eq!(comm_sms(None, 1, 1, 132), 132);
+        assert_eq!(comm_sms(Some(24), 1, 1, 132), 24);
         assert_eq!(comm_sms(Some(200), 1, 1, 132), 132);
         assert_eq!(comm_sms(None, 8, 1, 132), 16);
         assert_eq!(comm_sms(Some(64), 8, 2, 132), 33);

@@ -4,6 +4,7 @@
 use megamoe_core::routing::{RoutingKind, RoutingSpec};
 use megamoe_core::Preset;
 use megamoe_layer::bench::{self, LayerBench};
+use megamoe_layer::split::Phase;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -123,6 +124,19 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             r.split_us / r.floor_us,
             r.tflops
         );
+    }
+    println!("each phase alone (median us):");
+    print!("{:>7}", "tokens");
+    for phase in Phase::ALL {
+        print!(" {:>10}", phase.name());
+    }
+    println!(" {:>10}", "sum");
+    for r in &rows {
+        print!("{:>7}", r.tokens);
+        for us in r.phases_us {
+            print!(" {us:>10.1}");
+        }
+        println!(" {:>10.1}", r.phases_us.iter().sum::<f64>());
     }
     Ok(())
 }

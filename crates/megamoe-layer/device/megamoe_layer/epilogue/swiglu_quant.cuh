@@ -54,8 +54,11 @@ struct SwigluQuant {
                         g = fminf(g, clamp);
                         u = fminf(fmaxf(u, -clamp), clamp);
                     }
-                    // silu(g) = g / (1 + e^-g), f32 as the reference (it rounds e^-g from f64).
-                    a[j][b] = g / (1.0f + expf(-g)) * u * weight;
+                    // silu(g) = g / (1 + e^-g) with the hardware exponential and division
+                    // (a few ulp of f32 from the reference's correctly rounded ones, far
+                    // below the e4m3 step that follows). The IEEE expf and division made
+                    // this kernel 1.5x slower at 192 rows per expert (docs/PERF.md).
+                    a[j][b] = __fdividef(g, 1.0f + __expf(-g)) * u * weight;
                 }
             }
             // One or two G groups of the wave's 128 columns: j < kJ / 2 or >= kJ / 2 for G = 64.

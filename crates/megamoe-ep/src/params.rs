@@ -1,6 +1,7 @@
 //! The kernels' parameter structs, field for field as in device/megamoe_ep/params.cuh, and the
 //! kernels' specifications for the runtime's JIT.
 
+use megamoe_core::plan::layout::ERROR_RECORD_BYTES;
 use megamoe_cuda::jit::Headers;
 use megamoe_cuda::{KernelSpec, Pod};
 
@@ -121,7 +122,7 @@ const _: () =
     assert!(std::mem::size_of::<DispatchParams>() == std::mem::size_of::<Layout>() + 16 + 32);
 const _: () =
     assert!(std::mem::size_of::<CombineParams>() == std::mem::size_of::<Layout>() + 16 + 16);
-const _: () = assert!(std::mem::size_of::<ErrorRecord>() == 32);
+const _: () = assert!(std::mem::size_of::<ErrorRecord>() as u64 == ERROR_RECORD_BYTES);
 const _: () = assert!(std::mem::size_of::<GatherParams>() == 32);
 const _: () = assert!(std::mem::align_of::<DispatchParams>() == 8);
 const _: () = assert!(std::mem::align_of::<CombineParams>() == 8);

@@ -693,7 +693,8 @@ impl EpWorld {
             if rec[0].code == params::ERR_OK {
                 continue;
             }
-            self.buffer(rank).fill(self.layout.error, 32, 0)?;
+            self.buffer(rank)
+                .fill(self.layout.error, std::mem::size_of::<ErrorRecord>(), 0)?;
             if first.is_none() {
                 first = Some(self.describe(rank, rec[0])?);
             }

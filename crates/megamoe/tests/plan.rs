@@ -2,6 +2,9 @@
 
 use std::process::Command;
 
+use megamoe_core::Preset;
+use megamoe_layer::LayerSpec;
+
 fn plan(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_megamoe"))
         .arg("plan")
@@ -31,6 +34,39 @@ fn json_reports_a_fused_buffer_at_least_four_times_smaller_at_8192() {
             .map(|r| r["bound"].as_u64().unwrap())
             .collect();
         assert_eq!(bounds, [128, 256, 512, 1024, 2048, 4096, 8192]);
+    }
+}
+
+#[test]
+fn the_split_bytes_are_what_the_split_layer_allocates() {
+    for (preset, ranks, tokens) in [
+        ("flash", 8, "8192"),
+        ("flash", 1, "3000"),
+        ("pro", 8, "8192"),
+        ("pro", 4, "1500"),
+        ("tiny", 2, "640"),
+    ] {
+        let out = plan(&[
+            "--preset",
+            preset,
+            "--ranks",
+            &ranks.to_string(),
+            "--tokens",
+            tokens,
+            "--json",
+        ]);
+        assert!(out.status.success());
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let shape = Preset::by_name(preset).unwrap().shape;
+        for row in v["table"].as_array().unwrap() {
+            let bound = row["bound"].as_u64().unwrap() as usize;
+            let layer = LayerSpec::new(shape, ranks, bound).bytes().symmetric;
+            assert_eq!(
+                row["split_bytes"].as_u64().unwrap(),
+                layer as u64,
+                "{preset} R {ranks} bound {bound}"
+            );
+        }
     }
 }
 

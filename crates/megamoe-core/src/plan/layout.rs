@@ -1,11 +1,14 @@
 //! Symmetric-buffer layouts of the split and fused kernels (SPEC §4).
 //!
-//! Every rank allocates the same layout; peers address each other's regions by these offsets.
-//! Sizes are functions of (R, E, K, H, I, T_max, G) and of [`SLOT_ROWS`]; the offsets are what
-//! the kernels receive in their parameter struct.
+//! Every rank allocates the same layout; peers address each other's regions by these offsets,
+//! which are what the kernels receive in their parameter struct. The split kernel's buffer is
+//! megamoe-ep's ([`super::buffer`]), the one the split layer allocates. The fused kernel has its
+//! own regions; it signals the way megamoe-ep does (device/megamoe_ep/comm/sync.cuh), so both
+//! buffers start with the same signal regions and end with the same error record.
 
 use serde::Serialize;
 
+use super::buffer::{BufferLayout, BufferSpec, MAX_RANKS};
 use super::rules::{self, RingSizing, SLOT_ROWS};
 use crate::error::Result;
 use crate::preset::Shape;
@@ -21,8 +24,15 @@ pub const TILE_ENTRY_BYTES: u64 = 16;
 /// Flag words per pool slot: arrived, L1-full, L2-empty (u32), in two launch-parity banks so a
 /// launch never needs to clear the previous launch's flags behind a barrier.
 pub const SLOT_FLAG_BYTES: u64 = 3 * 4 * 2;
-/// Bytes of the error record a timed-out wait leaves (rank, wait id, value seen, deadline).
-pub const ERROR_RECORD_BYTES: u64 = 64;
+/// Bytes of the record a call rejected on the device leaves: code, rank, what, peer (u32),
+/// value seen, value expected (u64). Expired waits are recorded outside the buffer, in
+/// megamoe-cuda's `WaitRecord`.
+pub const ERROR_RECORD_BYTES: u64 = 32;
+/// Signal kinds, each one u64 counter per source rank: dispatch ready and done, combine ready
+/// and done.
+pub const SIGNAL_KINDS: usize = 4;
+/// Kernel families that count their calls (dispatch, combine), one u64 epoch each.
+const EPOCH_FAMILIES: usize = 2;
 /// The smallest block_m, which bounds how many tile-table entries a call can need.
 const MIN_BLOCK_M: usize = 64;
 
@@ -36,6 +46,15 @@ pub enum Kernel {
     Fused,
 }
 
+impl Kernel {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Split => "split",
+            Kernel::Fused => "fused",
+        }
+    }
+}
+
 /// One region of the symmetric buffer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Region {
@@ -47,6 +66,60 @@ pub struct Region {
     pub align: u64,
 }
 
+/// Regions laid out one after another, each on a [`REGION_ALIGN`] boundary.
+#[derive(Default)]
+pub(crate) struct Regions(Vec<Region>);
+
+impl Regions {
+    /// Appends a region; returns its offset.
+    pub(crate) fn push(&mut self, name: &'static str, what: String, bytes: usize) -> usize {
+        let offset = self.end().next_multiple_of(REGION_ALIGN);
+        self.0.push(Region {
+            name,
+            what,
+            offset,
+            bytes: bytes as u64,
+            align: REGION_ALIGN,
+        });
+        offset as usize
+    }
+
+    fn end(&self) -> u64 {
+        self.0.last().map_or(0, |r| r.offset + r.bytes)
+    }
+
+    /// The regions and the buffer's bytes (the last region's end, aligned).
+    pub(crate) fn finish(self) -> (Vec<Region>, usize) {
+        let size = self.end().next_multiple_of(REGION_ALIGN) as usize;
+        (self.0, size)
+    }
+}
+
+/// The first regions of a buffer: the epochs and signals megamoe-ep's `Signals` addresses.
+/// Returns their offsets.
+pub(crate) fn push_signals(c: &mut Regions) -> (usize, usize) {
+    let epochs = c.push(
+        "epochs",
+        format!("u64 [{EPOCH_FAMILIES}]: calls so far of each kernel family"),
+        EPOCH_FAMILIES * 8,
+    );
+    let signals = c.push(
+        "signals",
+        format!("u64 [{SIGNAL_KINDS}, {MAX_RANKS}]: counters per kind and source rank"),
+        SIGNAL_KINDS * MAX_RANKS * 8,
+    );
+    (epochs, signals)
+}
+
+/// The last region of a buffer: the error record. Returns its offset.
+pub(crate) fn push_error(c: &mut Regions) -> usize {
+    c.push(
+        "error",
+        "error record: the first error of a call".into(),
+        ERROR_RECORD_BYTES as usize,
+    )
+}
+
 /// The symmetric buffer of one rank.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct SymmetricLayout {
@@ -56,14 +129,15 @@ pub struct SymmetricLayout {
     /// Scale granularity of the intermediate activation (64 or 128).
     pub gran: usize,
     pub ring: RingSizing,
-    /// Rows of the L1 input and output pools: the full pool (split) or the ring (fused).
+    /// Rows of the pools: the dispatched pool (split) or the ring (fused).
     pub pool_rows: usize,
     pub regions: Vec<Region>,
     pub total_bytes: u64,
 }
 
 impl SymmetricLayout {
-    /// The layout for `t_max` tokens per rank. Checks the shape, the rank count and `gran`.
+    /// The layout for `t_max` tokens per rank (aligned up to 128). Checks the shape, the rank
+    /// count and `gran`.
     pub fn new(
         kernel: Kernel,
         shape: &Shape,
@@ -74,105 +148,16 @@ impl SymmetricLayout {
         shape.validate(ranks)?;
         rules::check_gran(shape, gran)?;
         let ring = RingSizing::new(shape, ranks, t_max);
-        let pool_rows = match kernel {
-            Kernel::Split => ring.pool_rows,
-            Kernel::Fused => ring.ring_rows,
+        // The split layer pads each expert's segment to whole slots.
+        let spec = BufferSpec::for_shape(ranks, shape, ring.t_cap, SLOT_ROWS);
+        spec.validate()?;
+        let (pool_rows, (regions, total)) = match kernel {
+            Kernel::Split => (
+                spec.max_rows(),
+                (BufferLayout::regions(&spec), BufferLayout::new(&spec).size),
+            ),
+            Kernel::Fused => (ring.ring_rows, fused_regions(shape, ranks, &ring, gran)),
         };
-        let (h, i, k, r) = (
-            shape.hidden as u64,
-            shape.inter as u64,
-            shape.topk as u64,
-            ranks as u64,
-        );
-        let (t, rows, local) = (
-            ring.t_cap as u64,
-            pool_rows as u64,
-            shape.local_experts(ranks) as u64,
-        );
-        let slots = rows / SLOT_ROWS as u64;
-        let table_entries = (ring.pool_rows / MIN_BLOCK_M) as u64;
-        let parts: [(&'static str, String, u64); 14] = [
-            (
-                "x",
-                format!("e4m3 [{t}, {h}]: input tokens, pulled by peers"),
-                t * h,
-            ),
-            (
-                "x_scales",
-                format!("f32 [{t}, {}]", h / 128),
-                t * (h / 128) * 4,
-            ),
-            ("topk_idx", format!("i32 [{t}, {k}]"), t * k * 4),
-            ("topk_weights", format!("f32 [{t}, {k}]"), t * k * 4),
-            (
-                "counts",
-                format!(
-                    "u32 [{r}, {}]: rows per local expert and (T, bound), from each source",
-                    local + 2
-                ),
-                r * (local + 2) * 4,
-            ),
-            (
-                "slot_flags",
-                format!(
-                    "u32 [2, {slots}, 3]: arrived, L1-full, L2-empty per slot, two parity banks"
-                ),
-                slots * SLOT_FLAG_BYTES,
-            ),
-            (
-                "l1_pool",
-                format!("e4m3 [{rows}, {h}]: pulled rows"),
-                rows * h,
-            ),
-            (
-                "l1_pool_scales",
-                format!("f32 [{rows}, {}]", h / 128),
-                rows * (h / 128) * 4,
-            ),
-            (
-                "l2_pool",
-                format!("e4m3 [{rows}, {i}]: L1 output after SwiGLU"),
-                rows * i,
-            ),
-            (
-                "l2_pool_scales",
-                format!("f32 [{rows}, {}]: per {gran} columns", i / gran as u64),
-                rows * (i / gran as u64) * 4,
-            ),
-            (
-                "row_info",
-                format!("[{rows}] x 16 B: source token, rank, slot, weight"),
-                rows * ROW_INFO_BYTES,
-            ),
-            (
-                "tile_table",
-                format!("[{table_entries}] x 16 B: m-blocks of the call"),
-                table_entries * TILE_ENTRY_BYTES,
-            ),
-            (
-                "combine",
-                format!("bf16 [{t}, {k}, {h}]: L2 rows scattered back by the experts' ranks"),
-                t * k * h * 2,
-            ),
-            (
-                "workspace",
-                format!("u64 [2, {r}] done signals, grid barrier, error record"),
-                2 * r * 8 + 64 + ERROR_RECORD_BYTES,
-            ),
-        ];
-        let mut regions = Vec::with_capacity(parts.len());
-        let mut offset = 0u64;
-        for (name, what, bytes) in parts {
-            offset = offset.next_multiple_of(REGION_ALIGN);
-            regions.push(Region {
-                name,
-                what,
-                offset,
-                bytes,
-                align: REGION_ALIGN,
-            });
-            offset += bytes;
-        }
         Ok(SymmetricLayout {
             kernel,
             shape: *shape,
@@ -181,7 +166,7 @@ impl SymmetricLayout {
             ring,
             pool_rows,
             regions,
-            total_bytes: offset.next_multiple_of(REGION_ALIGN),
+            total_bytes: total as u64,
         })
     }
 
@@ -189,6 +174,94 @@ impl SymmetricLayout {
     pub fn region(&self, name: &str) -> Option<&Region> {
         self.regions.iter().find(|r| r.name == name)
     }
+}
+
+/// The fused kernel's buffer: inputs, the L1 input and output rings with their slot flags, the
+/// combine area, between the shared signal regions and the error record.
+fn fused_regions(
+    shape: &Shape,
+    ranks: usize,
+    ring: &RingSizing,
+    gran: usize,
+) -> (Vec<Region>, usize) {
+    let (h, i, k, r) = (shape.hidden, shape.inter, shape.topk, ranks);
+    let (t, rows, local) = (ring.t_cap, ring.ring_rows, shape.local_experts(ranks));
+    let slots = rows / SLOT_ROWS;
+    let table_entries = ring.pool_rows / MIN_BLOCK_M;
+    let mut c = Regions::default();
+    push_signals(&mut c);
+    let parts: [(&'static str, String, usize); 14] = [
+        (
+            "x",
+            format!("e4m3 [{t}, {h}]: input tokens, pulled by peers"),
+            t * h,
+        ),
+        (
+            "x_scales",
+            format!("f32 [{t}, {}]", h / 128),
+            t * (h / 128) * 4,
+        ),
+        ("topk_idx", format!("i32 [{t}, {k}]"), t * k * 4),
+        ("topk_weights", format!("f32 [{t}, {k}]"), t * k * 4),
+        (
+            "counts",
+            format!(
+                "u32 [{r}, {}]: rows per local expert and (T, bound), from each source",
+                local + 2
+            ),
+            r * (local + 2) * 4,
+        ),
+        (
+            "slot_flags",
+            format!("u32 [2, {slots}, 3]: arrived, L1-full, L2-empty per slot, two parity banks"),
+            slots * SLOT_FLAG_BYTES as usize,
+        ),
+        (
+            "l1_pool",
+            format!("e4m3 [{rows}, {h}]: pulled rows"),
+            rows * h,
+        ),
+        (
+            "l1_pool_scales",
+            format!("f32 [{rows}, {}]", h / 128),
+            rows * (h / 128) * 4,
+        ),
+        (
+            "l2_pool",
+            format!("e4m3 [{rows}, {i}]: L1 output after SwiGLU"),
+            rows * i,
+        ),
+        (
+            "l2_pool_scales",
+            format!("f32 [{rows}, {}]: per {gran} columns", i / gran),
+            rows * (i / gran) * 4,
+        ),
+        (
+            "row_info",
+            format!("[{rows}] x 16 B: source token, rank, slot, weight"),
+            rows * ROW_INFO_BYTES as usize,
+        ),
+        (
+            "tile_table",
+            format!("[{table_entries}] x 16 B: m-blocks of the call"),
+            table_entries * TILE_ENTRY_BYTES as usize,
+        ),
+        (
+            "combine",
+            format!("bf16 [{t}, {k}, {h}]: L2 rows scattered back by the experts' ranks"),
+            t * k * h * 2,
+        ),
+        (
+            "grid_barrier",
+            "the persistent launch's grid barrier".into(),
+            64,
+        ),
+    ];
+    for (name, what, bytes) in parts {
+        c.push(name, what, bytes);
+    }
+    push_error(&mut c);
+    c.finish()
 }
 
 /// Bytes → MiB.
@@ -201,18 +274,19 @@ mod tests {
     use super::*;
     use crate::preset::Preset;
 
-    fn sizes(preset: &str, t_max: usize) -> (u64, u64) {
+    fn layouts(preset: &str, t_max: usize) -> (SymmetricLayout, SymmetricLayout) {
         let shape = Preset::by_name(preset).unwrap().shape;
         let g = rules::default_gran(&shape);
         let split = SymmetricLayout::new(Kernel::Split, &shape, 8, t_max, g).unwrap();
         let fused = SymmetricLayout::new(Kernel::Fused, &shape, 8, t_max, g).unwrap();
-        (split.total_bytes, fused.total_bytes)
+        (split, fused)
     }
 
     #[test]
     fn fused_is_at_least_four_times_smaller_at_8192_on_flash_and_pro() {
         for preset in ["flash", "pro"] {
-            let (split, fused) = sizes(preset, 8192);
+            let (split, fused) = layouts(preset, 8192);
+            let (split, fused) = (split.total_bytes, fused.total_bytes);
             assert!(split >= 4 * fused, "{preset}: {split} vs {fused}");
         }
     }
@@ -233,9 +307,31 @@ mod tests {
     }
 
     #[test]
-    fn below_the_lag_threshold_both_kernels_hold_the_full_pool() {
-        let (split, fused) = sizes("flash", 512);
-        assert_eq!(split, fused);
+    fn below_the_lag_threshold_the_fused_pool_is_the_full_pool() {
+        let (split, fused) = layouts("flash", 512);
+        assert_eq!(split.pool_rows, fused.pool_rows);
+    }
+
+    #[test]
+    fn both_kernels_share_the_signal_regions_and_the_error_record() {
+        let (split, fused) = layouts("pro", 2048);
+        for name in ["epochs", "signals"] {
+            assert_eq!(split.region(name), fused.region(name), "{name}");
+        }
+        for l in [&split, &fused] {
+            let last = l.regions.last().unwrap();
+            assert_eq!((last.name, last.bytes), ("error", ERROR_RECORD_BYTES));
+        }
+    }
+
+    #[test]
+    fn the_split_layout_is_megamoe_eps_buffer() {
+        let shape = Preset::by_name("flash").unwrap().shape;
+        let l = SymmetricLayout::new(Kernel::Split, &shape, 8, 3000, 128).unwrap();
+        let spec = BufferSpec::for_shape(8, &shape, 3072, SLOT_ROWS);
+        assert_eq!(l.total_bytes, BufferLayout::new(&spec).size as u64);
+        assert_eq!(l.regions, BufferLayout::regions(&spec));
+        assert_eq!(l.pool_rows, spec.max_rows());
     }
 
     #[test]

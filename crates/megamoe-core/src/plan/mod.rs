@@ -6,6 +6,7 @@
 //! the exchanged counts, so every rank derives the same plan. [`Stream::verify`] proves a stream
 //! safe; the simulator in [`crate::sim`] runs it.
 
+pub mod buffer;
 pub mod heuristics;
 pub mod layout;
 pub mod rules;
@@ -13,6 +14,7 @@ pub mod stream;
 
 use serde::Serialize;
 
+pub use buffer::{BufferLayout, BufferSpec, HandleLayout};
 pub use heuristics::{tile_config, TileConfig};
 pub use layout::{Kernel, Region, SymmetricLayout};
 pub use rules::{CallOrder, Order, RingSizing};

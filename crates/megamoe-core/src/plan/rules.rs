@@ -5,6 +5,7 @@
 //! A *unit* is up to [`UNIT_BLOCKS`] consecutive m-blocks of one expert; a *group* is
 //! [`GROUP_UNITS`] consecutive units. The lag is counted in units.
 
+use super::buffer::BufferSpec;
 use crate::error::{Error, Result};
 use crate::preset::Shape;
 
@@ -64,12 +65,10 @@ fn slots_per_token(shape: &Shape, ranks: usize) -> usize {
     shape.topk.min(shape.local_experts(ranks))
 }
 
-/// Worst-case rows of one rank's pool at a token bound: R·bound·min(K, E_l) routed rows plus one
-/// partial slot per local expert (each expert's segment starts on a slot boundary).
+/// Worst-case rows of one rank's pool at a token bound: the dispatched pool of megamoe-ep's
+/// buffer with each expert's segment padded to whole slots.
 pub fn pool_rows(shape: &Shape, ranks: usize, bound: usize) -> usize {
-    let routed = ranks * bound * slots_per_token(shape, ranks);
-    let padded = routed + shape.local_experts(ranks) * SLOT_ROWS;
-    padded.div_ceil(SLOT_ROWS) * SLOT_ROWS
+    BufferSpec::for_shape(ranks, shape, bound, SLOT_ROWS).max_rows()
 }
 
 /// Worst-case m-blocks of one rank at a token bound with `block_m` rows per block: each expert

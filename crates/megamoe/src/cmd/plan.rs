@@ -148,33 +148,36 @@ pub fn run(args: &PlanArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     writeln!(out)?;
     writeln!(
-        out,"Regions at T_max {t_cap} (offsets are what the kernels receive; every region 256 B aligned)")?;
-    writeln!(
         out,
-        "{:<16} {:>14} {:>11} {:>14} {:>11}  fused contents",
-        "region", "split offset", "split MiB", "fused offset", "fused MiB"
+        "Regions at T_max {t_cap} (offsets are what the kernels receive; every region 256 B aligned)"
     )?;
-    for (sr, fr) in top.split.regions.iter().zip(&top.fused.regions) {
+    for l in [&top.split, &top.fused] {
+        writeln!(out)?;
         writeln!(
             out,
-            "{:<16} {:>14} {:>11.3} {:>14} {:>11.3}  {}",
-            fr.name,
-            sr.offset,
-            mib(sr.bytes),
-            fr.offset,
-            mib(fr.bytes),
-            fr.what
+            "{:<16} {:>14} {:>11}  contents",
+            l.kernel.name(),
+            "offset",
+            "MiB"
+        )?;
+        for r in &l.regions {
+            writeln!(
+                out,
+                "{:<16} {:>14} {:>11.3}  {}",
+                r.name,
+                r.offset,
+                mib(r.bytes),
+                r.what
+            )?;
+        }
+        writeln!(
+            out,
+            "{:<16} {:>14} {:>11.1}",
+            "total",
+            "",
+            mib(l.total_bytes)
         )?;
     }
-    writeln!(
-        out,
-        "{:<16} {:>14} {:>11.1} {:>14} {:>11.1}",
-        "total",
-        "",
-        mib(top.split.total_bytes),
-        "",
-        mib(top.fused.total_bytes)
-    )?;
     writeln!(out)?;
     if ring.is_full_pool() {
         writeln!(

@@ -1,5 +1,19 @@
 //! The MoE layer on the GPU (SPEC §3, §4), built from megamoe-ep's dispatch/combine and
 //! megamoe-gemm's FP8 grouped GEMM.
+//!
+//! - [`LayerSpec`]: shape, ranks, T_max, G, clamp; [`LayerSpec::bytes`] is the size query (no
+//!   GPU needed).
+//! - [`SplitLayer`]: the split form on a world of real or virtual ranks: one-time weight load
+//!   (W1's gate and up blocks interleaved, [`weights`]), [`SplitLayer::forward`] with bf16 or
+//!   e4m3 input, every input checked before anything is written, the cumulative per-expert
+//!   received-row counts.
+//! - Virtual ranks (more ranks than GPUs) are safe for the kernels that wait on each other:
+//!   dispatch and combine of every rank on a GPU are sized to be resident at once (at most the
+//!   GPU's SMs over its ranks, one block per SM each), and the GEMMs wait on nobody
+//!   ([`split`]).
+//! - Device code: `device/megamoe_layer/` (`epilogue/` the SwiGLU epilogue, `impls/` the
+//!   kernels), built on `<megamoe_gemm/...>` and compiled per configuration by megamoe-cuda's
+//!   JIT ([`kernel::kernel_specs`]).
 pub mod bench;
 pub mod error;
 pub mod kernel;

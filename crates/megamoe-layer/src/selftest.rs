@@ -155,7 +155,7 @@ fn against_reference(
 }
 
 /// bf16 input quantized by the layer against the same input quantized on the host and passed as
-/// e4m3 + scales: the same bits.
+/// e4m3 + scales: the same bits; and the cumulative per-expert counts after two calls.
 fn fp8_input() -> Check {
     Check {
         name: "layer split tiny R=2 fp8 input".into(),
@@ -192,7 +192,22 @@ fn fp8_input() -> Check {
             if got != from_bf16 {
                 return Err("FP8 input and bf16 input give other bits".into());
             }
-            Ok("same bits".into())
+            // A second call: the counts add up over calls.
+            layer.forward(&inputs, None).map_err(err)?;
+            let el = shape.experts / 2;
+            let mut want = vec![vec![0u64; el]; 2];
+            for r in &world.ranks {
+                for &e in r.topk_idx.iter().filter(|&&e| e >= 0) {
+                    want[e as usize / el][e as usize % el] += 2;
+                }
+            }
+            if layer.expert_counts() != want.as_slice() {
+                return Err(format!(
+                    "received-row counts {:?} after two calls, expected {want:?}",
+                    layer.expert_counts()
+                ));
+            }
+            Ok("same bits; cumulative per-expert counts right".into())
         }),
     }
 }

@@ -11,7 +11,7 @@ use megamoe_cuda::{
 use crate::error::{GemmError, Result};
 use crate::heuristics::{block_n_tiles, validate, GemmConfig, GemmProblem, Layout, OutDtype};
 use crate::kernel::{kernel_spec, THREADS};
-use crate::params::GroupedGemmParams;
+use crate::params::{EpilogueParams, GroupedGemmParams, MainloopParams, SchedulerParams};
 
 /// The names of the kernel's waits, numbered as `WaitId` in
 /// device/megamoe_gemm/pipeline/barriers.cuh.
@@ -183,24 +183,31 @@ pub fn gemm_params(
     }
     let error = gpu.alloc_zeroed(std::mem::size_of::<WaitRecord>())?;
     let params = GroupedGemmParams {
-        tma_a,
-        tma_b,
-        tma_sa,
-        tma_d,
-        out: ptr.out,
-        scale_b: ptr.scale_b,
-        expert_rows: ptr.expert_rows,
-        error: error.ptr(),
-        timeout_ns: deadline_ns(DEFAULT_DEADLINE),
-        num_experts: e as u32,
-        n: n as u32,
-        k: k as u32,
-        max_m: match problem.layout {
-            Layout::Masked { max_m } => max_m as u32,
-            Layout::Contiguous { .. } => 0,
+        mainloop: MainloopParams {
+            tma_a,
+            tma_b,
+            tma_sa,
+            scale_b: ptr.scale_b,
+            error: error.ptr(),
+            timeout_ns: deadline_ns(DEFAULT_DEADLINE),
+            k: k as u32,
+            n: n as u32,
         },
-        group_m: config.group_m as u32,
-        reserved: [0; 3],
+        scheduler: SchedulerParams {
+            expert_rows: ptr.expert_rows,
+            num_experts: e as u32,
+            n: n as u32,
+            max_m: match problem.layout {
+                Layout::Masked { max_m } => max_m as u32,
+                Layout::Contiguous { .. } => 0,
+            },
+            group_m: config.group_m as u32,
+        },
+        epilogue: EpilogueParams {
+            tma_d,
+            out: ptr.out,
+            n: n as u32,
+        },
     };
     Ok((params, error))
 }

@@ -12,9 +12,11 @@ pub const HEADERS: Headers = megamoe_cuda::header_set!(
     [
         "megamoe_gemm/pipeline/barriers.cuh",
         "megamoe_gemm/mma/wgmma.cuh",
+        "megamoe_gemm/mma/mainloop_params.cuh",
         "megamoe_gemm/mma/fp8_mainloop.cuh",
         "megamoe_gemm/layout/smem_desc.cuh",
         "megamoe_gemm/layout/smem_layout.cuh",
+        "megamoe_gemm/scheduler/tile.cuh",
         "megamoe_gemm/scheduler/tile_scheduler.cuh",
         "megamoe_gemm/pipeline/tma_producer.cuh",
         "megamoe_gemm/epilogue/store.cuh",
@@ -38,8 +40,10 @@ pub fn kernel_spec(config: &GemmConfig) -> KernelSpec {
         "#include <megamoe_gemm/impls/grouped_gemm.cuh>\n\
          extern \"C\" __global__ void __launch_bounds__({THREADS}, 1)\n\
          {name}(const __grid_constant__ megamoe::gemm::GroupedGemmParams p) {{\n\
+         \x20   using Scheduler = megamoe::gemm::TileScheduler<{bm}, {bn}, {masked}, {cluster}>;\n\
+         \x20   using Epilogue = megamoe::gemm::{epilogue};\n\
          \x20   megamoe::gemm::grouped_gemm_fp8<{bm}, {bn}, {stages}, {g}, {masked}, {cluster}, {a_regs},\n\
-         \x20                                   {pipelined}, megamoe::gemm::{epilogue}>(p, {{}});\n\
+         \x20                                   {pipelined}, Scheduler, Epilogue>(p, Epilogue{{p.epilogue}});\n\
          }}\n",
         bm = config.block_m,
         bn = config.block_n,

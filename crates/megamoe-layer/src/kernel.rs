@@ -46,9 +46,9 @@ pub struct SplitL1Params {
 }
 
 const _: () = assert!(std::mem::size_of::<SwigluQuant>() == 64);
-const _: () = assert!(std::mem::size_of::<SplitL1Params>() == 640 + 64);
+const _: () = assert!(std::mem::size_of::<SplitL1Params>() == 704 + 64);
 const _: () = assert!(std::mem::align_of::<SplitL1Params>() == 64);
-const _: () = assert!(std::mem::offset_of!(SplitL1Params, epilogue) == 640);
+const _: () = assert!(std::mem::offset_of!(SplitL1Params, epilogue) == 704);
 const _: () = assert!(std::mem::offset_of!(SwigluQuant, rows_ld) == 24);
 const _: () = assert!(std::mem::offset_of!(SwigluQuant, clamp) == 40);
 // SAFETY: plain data (tensor maps, integers, a float), sizes and offsets asserted above and in
@@ -100,6 +100,7 @@ pub fn split_l1_spec(config: &GemmConfig) -> KernelSpec {
          extern \"C\" __global__ void __launch_bounds__({threads}, 1)\n\
          {name}(const __grid_constant__ megamoe::layer::SplitL1Params p) {{\n\
          \x20   megamoe::gemm::grouped_gemm_fp8<128, 256, {stages}, 128, false, 1, false, false,\n\
+         \x20                                   megamoe::gemm::TileScheduler<128, 256, false, 1>,\n\
          \x20                                   megamoe::layer::SwigluQuant>(p.gemm, p.epilogue);\n\
          }}\n",
         threads = megamoe_gemm::kernel::THREADS,

@@ -1,35 +1,46 @@
 // Epilogues: what happens to a warpgroup's finished slice of a tile, 64 rows by kWaves waves of
-// kWaveN columns (wave w starts at column col0 + w * kWaveN). An epilogue is an object (empty, or
-// the small params struct of its own that the kernel passes in) with store() and finish(); it
-// receives the accumulators in the wgmma m64nNk32 register layout (thread = warp w, lane l;
-// register i of a wave holds row 16w + l/4 + 8*((i/2)%2), column 8*(i/4) + 2*(l%4) + i%2) and
-// owns everything after the mainloop. The layer's L1 SwiGLU + routing weight + re-quantization
-// epilogue is another object of the same shape (megamoe-layer).
+// kWaveN columns (wave w starts at column col0 + w * kWaveN). An epilogue is an object carrying
+// what it needs (its own params struct, or a reference to it in the kernel's params) with
+// store(staging, wg, row0, col0, rows_valid, acc) and finish(); it receives the accumulators in
+// the wgmma m64nNk32 register layout (thread = warp w, lane l; register i of a wave holds row
+// 16w + l/4 + 8*((i/2)%2), column 8*(i/4) + 2*(l%4) + i%2) and owns everything after the
+// mainloop. The layer's L1 SwiGLU + routing weight + re-quantization epilogue is another object
+// of the same shape (megamoe-layer).
 #pragma once
 #include <megamoe/common.cuh>
 #include <megamoe/ptx/convert.cuh>
 #include <megamoe/ptx/memory.cuh>
 #include <megamoe/ptx/tma.cuh>
 #include <megamoe_gemm/pipeline/barriers.cuh>
-#include <megamoe_gemm/impls/grouped_gemm_params.cuh>
 
 namespace megamoe::gemm {
+
+// The params of the two epilogues below. Mirrored by `EpilogueParams` in src/params.rs.
+struct EpilogueParams {
+    ptx::TensorMap tma_d;  // bf16 output 2-D {N, rows}; box {64, 64}, 128-byte swizzle (TmaStoreBf16)
+    u64 out;               // bf16 or f32 output, rows like the activations, N columns (StoreRows)
+    u32 n;
+};
+
+MEGAMOE_PARAMS_LAYOUT(EpilogueParams, 192, 64);
 
 // Row-major output of `Out` (u16 holds bf16 bits, or float) written straight from registers;
 // rows >= rows_valid are left alone (the masked layout's rows past an expert's count).
 template <typename Out>
 struct StoreRows {
+    // The kernel's params (param space), read where they are used, not held in registers.
+    const EpilogueParams& p;
+
     template <int kWaves, int kAccum>
-    __device__ __forceinline__ void store(const GroupedGemmParams& p, u8* /*staging*/, u32 /*wg*/,
-                                          u32 row0, u32 col0, u32 rows_valid,
-                                          const float (&acc)[kWaves][kAccum]) const {
+    __device__ __forceinline__ void store(u8* /*staging*/, u32 /*wg*/, u32 row0, u32 col0,
+                                          u32 rows_valid, const float (&acc)[kWaves][kAccum]) const {
 #pragma unroll
-        for (int w = 0; w < kWaves; ++w) store_wave(p, row0, col0 + w * 2 * kAccum, rows_valid, acc[w]);
+        for (int w = 0; w < kWaves; ++w) store_wave(row0, col0 + w * 2 * kAccum, rows_valid, acc[w]);
     }
 
     template <int kAccum>
-    __device__ __forceinline__ static void store_wave(const GroupedGemmParams& p, u32 row0, u32 col0,
-                                                      u32 rows_valid, const float (&acc)[kAccum]) {
+    __device__ __forceinline__ void store_wave(u32 row0, u32 col0, u32 rows_valid,
+                                               const float (&acc)[kAccum]) const {
         void* out = reinterpret_cast<void*>(p.out);
         const u32 ld = p.n;
         const u32 lane = threadIdx.x % 32;
@@ -64,17 +75,19 @@ struct StoreRows {
 // warpgroup already runs the next tile's mainloop; the staging tile is reused once the previous
 // store has read it.
 struct TmaStoreBf16 {
+    // The kernel's params (param space), read where they are used, not held in registers.
+    const EpilogueParams& p;
+
     template <int kWaves, int kAccum>
-    __device__ __forceinline__ void store(const GroupedGemmParams& p, u8* staging, u32 wg, u32 row0,
-                                          u32 col0, u32 /*rows_valid*/,
+    __device__ __forceinline__ void store(u8* staging, u32 wg, u32 row0, u32 col0, u32 /*rows_valid*/,
                                           const float (&acc)[kWaves][kAccum]) const {
 #pragma unroll
-        for (int w = 0; w < kWaves; ++w) store_wave(p, staging, wg, row0, col0 + w * 2 * kAccum, acc[w]);
+        for (int w = 0; w < kWaves; ++w) store_wave(staging, wg, row0, col0 + w * 2 * kAccum, acc[w]);
     }
 
     template <int kAccum>
-    __device__ __forceinline__ static void store_wave(const GroupedGemmParams& p, u8* staging, u32 wg,
-                                                      u32 row0, u32 col0, const float (&acc)[kAccum]) {
+    __device__ __forceinline__ void store_wave(u8* staging, u32 wg, u32 row0, u32 col0,
+                                               const float (&acc)[kAccum]) const {
         static_assert(kAccum % 32 == 0, "64-column halves of a wgmma slice");
         const u32 lane = threadIdx.x % 32;
         const u32 warp = (threadIdx.x / 32) % 4;

@@ -4,6 +4,8 @@
 // kARegs: the wgmmas take A from registers (ldmatrix once per scale group, see tile_k_loop).
 // kPipelined (v6): each scale group's promotion overlaps the next group's wgmmas (one-wave
 // slices only, see tile_k_loop_pipelined).
+// Scheduler: the tile sequence (TileScheduler, or any of the shape in scheduler/tile.cuh whose
+// params are SchedulerParams). Epilogue: what happens to each finished slice (epilogue/store.cuh).
 // Instantiated per configuration by a generated translation unit (src/kernel.rs).
 #pragma once
 #include <megamoe/ptx/mbarrier.cuh>
@@ -13,7 +15,6 @@
 #include <megamoe_gemm/layout/smem_layout.cuh>
 #include <megamoe_gemm/pipeline/tma_producer.cuh>
 #include <megamoe_gemm/mma/fp8_mainloop.cuh>
-#include <megamoe_gemm/epilogue/store.cuh>
 
 namespace megamoe::gemm {
 
@@ -22,7 +23,7 @@ constexpr u32 kProducerRegs = 40;
 constexpr u32 kConsumerRegs = 232;
 
 template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, bool kMasked, int kClusterM,
-          bool kARegs, bool kPipelined, typename Epilogue>
+          bool kARegs, bool kPipelined, typename Scheduler, typename Epilogue>
 __device__ __forceinline__ void grouped_gemm_fp8(const GroupedGemmParams& p, const Epilogue& epi) {
     using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>;
     extern __shared__ u8 smem_raw[];
@@ -31,13 +32,13 @@ __device__ __forceinline__ void grouped_gemm_fp8(const GroupedGemmParams& p, con
     const u32 warp = ptx::warp_index_uniform();
 
     if (threadIdx.x == kMathWarps * 32) {
-        ptx::tma_prefetch_desc(&p.tma_a);
-        ptx::tma_prefetch_desc(&p.tma_b);
-        ptx::tma_prefetch_desc(&p.tma_sa);
-        ptx::tma_prefetch_desc(&p.tma_d);
+        ptx::tma_prefetch_desc(&p.mainloop.tma_a);
+        ptx::tma_prefetch_desc(&p.mainloop.tma_b);
+        ptx::tma_prefetch_desc(&p.mainloop.tma_sa);
+        ptx::tma_prefetch_desc(&p.epilogue.tma_d);
     }
-    const i32* expert_rows = reinterpret_cast<const i32*>(p.expert_rows);
-    for (u32 e = threadIdx.x; e < p.num_experts; e += blockDim.x) smem.rows()[e] = expert_rows[e];
+    const i32* expert_rows = reinterpret_cast<const i32*>(p.scheduler.expert_rows);
+    for (u32 e = threadIdx.x; e < p.scheduler.num_experts; e += blockDim.x) smem.rows()[e] = expert_rows[e];
     if (threadIdx.x == 0) {
 #pragma unroll
         for (int s = 0; s < kStages; ++s) {
@@ -55,13 +56,13 @@ __device__ __forceinline__ void grouped_gemm_fp8(const GroupedGemmParams& p, con
     if (warp >= kMathWarps) {
         ptx::setmaxnreg_dec<kProducerRegs>();
         if (threadIdx.x == kMathWarps * 32) {
-            tma_producer<BLOCK_M, BLOCK_N, kStages, kGroupSize, kMasked, kClusterM>(p, smem);
+            tma_producer<BLOCK_M, BLOCK_N, kStages, kGroupSize, kMasked, kClusterM, Scheduler>(
+                p.mainloop, p.scheduler, smem);
         }
     } else {
         ptx::setmaxnreg_inc<kConsumerRegs>();
-        wgmma_consumer<BLOCK_M, BLOCK_N, kStages, kGroupSize, kMasked, kClusterM, kARegs, kPipelined,
-                       Epilogue>(
-            p, epi, smem, warp / 4);
+        wgmma_consumer<BLOCK_M, BLOCK_N, kStages, kGroupSize, kClusterM, kARegs, kPipelined, Scheduler,
+                       Epilogue>(p.mainloop, p.scheduler, epi, smem, warp / 4);
     }
     if constexpr (kClusterM > 1) ptx::cluster_sync();
 }

@@ -1,15 +1,17 @@
 // The wgmma consumer: one warpgroup computes a 64-row slice of every tile of its CTA. Each
 // scale group of K (G = 128 or 64 columns) is multiplied into a fresh f32 accumulator set and
 // then promoted into the running sum with sa[row] * sb, so the tensor cores' limited-precision
-// accumulation never spans more than one group (SPEC §3 steps 1 and 4).
+// accumulation never spans more than one group (SPEC §3 steps 1 and 4). The tiles come from a
+// Scheduler (scheduler/tile.cuh), built from its params, and each finished slice goes to an
+// Epilogue (epilogue/store.cuh).
 #pragma once
 #include <megamoe/ptx/mbarrier.cuh>
 #include <megamoe_gemm/mma/wgmma.cuh>
 #include <megamoe_gemm/pipeline/barriers.cuh>
 #include <megamoe_gemm/layout/smem_desc.cuh>
 #include <megamoe_gemm/layout/smem_layout.cuh>
-#include <megamoe_gemm/scheduler/tile_scheduler.cuh>
-#include <megamoe_gemm/impls/grouped_gemm_params.cuh>
+#include <megamoe_gemm/scheduler/tile.cuh>
+#include <megamoe_gemm/mma/mainloop_params.cuh>
 
 namespace megamoe::gemm {
 
@@ -41,7 +43,7 @@ struct TileWeightScales {
     static constexpr int kRows = kWaves * kScaleBlocks;
     float v[kRows];
 
-    __device__ __forceinline__ void load(const GroupedGemmParams& p, const Tile& t, u32 b_off) {
+    __device__ __forceinline__ void load(const MainloopParams& p, const Tile& t, u32 b_off) {
         const float* scale_b = reinterpret_cast<const float*>(p.scale_b);
         const u32 k_blocks = p.k / 128;
         const u32 n_scale_blocks = p.n / 128;
@@ -75,7 +77,7 @@ struct TileWeightScales {
 // every wave's wgmmas reading it again.
 template <int kWaveN, int kWaves, int kClusterM, bool kARegs, int kScaleShift, int BLOCK_M,
           int BLOCK_N, int kStages, int kGroupSize>
-__device__ __forceinline__ void tile_k_loop(const GroupedGemmParams& p,
+__device__ __forceinline__ void tile_k_loop(const MainloopParams& p,
                                             const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>& smem,
                                             RingCursor<kStages>& ring, const Tile& t, u32 wg,
                                             u32 a_off, u32 b_off, float (&sum)[kWaves][kWaveN / 2]) {
@@ -200,7 +202,7 @@ struct PipelinedKLoop {
     static constexpr int kScaleCols = Layout::kScaleCols;
     static constexpr int kMmaPerGroup = kGroupSize / Mma::kK;
 
-    const GroupedGemmParams& p;
+    const MainloopParams& p;
     const Layout& smem;
     RingCursor<kStages>& ring;
     float (&sum)[Mma::kAccum];
@@ -303,7 +305,7 @@ struct PipelinedKLoop {
 
 template <int kClusterM, int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize>
 __device__ __forceinline__ void tile_k_loop_pipelined(
-    const GroupedGemmParams& p, const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>& smem,
+    const MainloopParams& p, const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>& smem,
     RingCursor<kStages>& ring, u32 wg, u32 a_off, u32 b_off, float (&sum)[1][Fp8Mma::kAccum]) {
     using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>;
     PipelinedKLoop<kClusterM, BLOCK_M, BLOCK_N, kStages, kGroupSize> loop{
@@ -312,12 +314,12 @@ __device__ __forceinline__ void tile_k_loop_pipelined(
     loop.run(p.k / Layout::kBlockK);
 }
 
-template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, bool kMasked, int kClusterM,
-          bool kARegs, bool kPipelined, typename Epilogue>
-__device__ void wgmma_consumer(const GroupedGemmParams& p, const Epilogue& epi,
+template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, int kClusterM, bool kARegs,
+          bool kPipelined, typename Scheduler, typename Epilogue>
+__device__ void wgmma_consumer(const MainloopParams& p, const typename Scheduler::Params& sched_params,
+                               const Epilogue& epi,
                                const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>& smem,
                                u32 wg) {
-    using Sched = TileScheduler<BLOCK_M, BLOCK_N, kMasked, kClusterM>;
     using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>;
     // BLOCK_M 128: the warpgroups split the rows; BLOCK_M 64: they split the columns. A
     // warpgroup's slice is 64 rows by kWaves waves of kWaveN columns.
@@ -330,7 +332,7 @@ __device__ void wgmma_consumer(const GroupedGemmParams& p, const Epilogue& epi,
     const u32 a_off = BLOCK_M == 128 ? wg * 64 : 0;
     const u32 b_off = BLOCK_M == 128 ? 0 : wg * kSliceCols;
 
-    Sched sched(smem.rows(), p.num_experts, p.n, p.max_m, p.group_m);
+    Scheduler sched(sched_params, smem.rows());
     RingCursor<kStages> ring;
     TileWeightScales<kWaveN, kWaves, Layout::kScaleBRowFloats> scales;
     Tile t;
@@ -358,7 +360,7 @@ __device__ void wgmma_consumer(const GroupedGemmParams& p, const Epilogue& epi,
         more = sched.next(next);
         if (more) scales.load(p, next, b_off);
         const u32 rows_valid = t.rows_valid > a_off ? t.rows_valid - a_off : 0;
-        epi.store(p, smem.staging(wg), wg, t.a_row + a_off, t.n0 + b_off, rows_valid, sum);
+        epi.store(smem.staging(wg), wg, t.a_row + a_off, t.n0 + b_off, rows_valid, sum);
         t = next;
     }
     epi.finish();

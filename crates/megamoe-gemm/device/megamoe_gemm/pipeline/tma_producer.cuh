@@ -1,19 +1,21 @@
 // The TMA producer: one thread fills the ring, stage by stage, for every tile of its CTA. In a
 // cluster pair that shares the weight tile, each CTA loads one half of it (BLOCK_N / 2 rows)
 // and multicasts it into both CTAs' stage; otherwise the CTA loads both halves itself. Either
-// way each stage's full barrier receives the same bytes.
+// way each stage's full barrier receives the same bytes. The tiles come from a Scheduler
+// (scheduler/tile.cuh) built here from its params, walking the consumers' sequence.
 #pragma once
 #include <megamoe/ptx/mbarrier.cuh>
 #include <megamoe/ptx/tma.cuh>
 #include <megamoe_gemm/pipeline/barriers.cuh>
 #include <megamoe_gemm/layout/smem_layout.cuh>
-#include <megamoe_gemm/scheduler/tile_scheduler.cuh>
-#include <megamoe_gemm/impls/grouped_gemm_params.cuh>
+#include <megamoe_gemm/scheduler/tile.cuh>
+#include <megamoe_gemm/mma/mainloop_params.cuh>
 
 namespace megamoe::gemm {
 
-template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, bool kMasked, int kClusterM>
-__device__ void tma_producer(const GroupedGemmParams& p,
+template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, bool kMasked, int kClusterM,
+          typename Scheduler>
+__device__ void tma_producer(const MainloopParams& p, const typename Scheduler::Params& sched_params,
                              const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>& smem) {
     using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>;
     constexpr int kScaleCols = Layout::kScaleCols;
@@ -23,8 +25,7 @@ __device__ void tma_producer(const GroupedGemmParams& p,
     const u32 k_blocks = p.k / Layout::kBlockK;
     const u32 k_groups = p.k / kGroupSize;
 
-    TileScheduler<BLOCK_M, BLOCK_N, kMasked, kClusterM> sched(smem.rows(), p.num_experts, p.n,
-                                                              p.max_m, p.group_m);
+    Scheduler sched(sched_params, smem.rows());
     RingCursor<kStages> ring;
     Tile t;
     while (sched.next(t)) {

@@ -11,24 +11,30 @@
 // and n-block (they share the weight tile, `shared_b`), and an expert's odd last m-block is
 // paired along N instead (n-blocks 2j and 2j + 1, nothing shared). Both CTAs of a cluster thus
 // always hold a tile, or both are done.
+//
+// The shape every scheduler has is in tile.cuh.
 #pragma once
 #include <megamoe/common.cuh>
 #include <megamoe/ptx/sync.cuh>
+#include <megamoe_gemm/scheduler/tile.cuh>
 
 namespace megamoe::gemm {
 
-struct Tile {
-    u32 expert;
-    u32 m_block;     // within the expert
-    u32 n0;          // first output column
-    u32 a_row;       // first row in the 2-D views of A and the output
-    u32 rows_valid;  // rows of this tile that hold results (<= BLOCK_M)
-    bool shared_b;   // clusters: both CTAs multiply the same weight tile
+// Mirrored by `SchedulerParams` in src/params.rs.
+struct SchedulerParams {
+    u64 expert_rows;  // i32 [E]: padded segment sizes (contiguous) or valid rows (masked)
+    u32 num_experts;
+    u32 n;
+    u32 max_m;        // masked: row capacity of each expert; contiguous: unused (0)
+    u32 group_m;      // m-blocks walked together per n-block (L2 reuse of the weight tile)
 };
+
+MEGAMOE_PARAMS_LAYOUT(SchedulerParams, 24, 8);
 
 template <int BLOCK_M, int BLOCK_N, bool kMasked, int kClusterM>
 struct TileScheduler {
     static_assert(kClusterM == 1 || kClusterM == 2, "single CTAs or pairs");
+    using Params = SchedulerParams;
     const i32* rows;  // per-expert rows, in shared memory
     u32 num_experts;
     u32 n_blocks;
@@ -44,9 +50,10 @@ struct TileScheduler {
     u32 expert_m_blocks;
     u32 expert_row0 = 0;  // contiguous: first row of the expert's segment
 
-    __device__ TileScheduler(const i32* rows_, u32 num_experts_, u32 n, u32 max_m_, u32 group_m_)
-        : rows(rows_), num_experts(num_experts_), n_blocks((n + BLOCK_N - 1) / BLOCK_N), max_m(max_m_),
-          group_m(group_m_) {
+    // rows_: p.expert_rows, staged in shared memory by the kernel.
+    __device__ TileScheduler(const SchedulerParams& p, const i32* rows_)
+        : rows(rows_), num_experts(p.num_experts), n_blocks((p.n + BLOCK_N - 1) / BLOCK_N), max_m(p.max_m),
+          group_m(p.group_m) {
         if constexpr (kClusterM == 1) {
             rank = 0;
             next_tile = blockIdx.x;

@@ -11,7 +11,6 @@
 #pragma once
 #include <megamoe/common.cuh>
 #include <megamoe/ptx/convert.cuh>
-#include <megamoe_gemm/impls/grouped_gemm_params.cuh>
 
 namespace megamoe::layer {
 
@@ -27,9 +26,8 @@ struct SwigluQuant {
     u32 reserved[5];
 
     template <int kWaves, int kAccum>
-    __device__ __forceinline__ void store(const gemm::GroupedGemmParams& /*p*/, u8* /*staging*/,
-                                          u32 /*wg*/, u32 row0, u32 col0, u32 /*rows_valid*/,
-                                          const float (&acc)[kWaves][kAccum]) const {
+    __device__ __forceinline__ void store(u8* /*staging*/, u32 /*wg*/, u32 row0, u32 col0,
+                                          u32 /*rows_valid*/, const float (&acc)[kWaves][kAccum]) const {
         static_assert(kWaves == 2 && kAccum == 64, "128 x 256 tiles: a gate wave and an up wave");
         const u32 lane = threadIdx.x % 32;
         const u32 r = (threadIdx.x / 32) % 4 * 16 + lane / 4;

@@ -13,6 +13,6 @@ struct SplitL1Params {
 };
 
 MEGAMOE_PARAMS_LAYOUT(SwigluQuant, 64, 8);
-MEGAMOE_PARAMS_LAYOUT(SplitL1Params, 640 + 64, 64);
+MEGAMOE_PARAMS_LAYOUT(SplitL1Params, 704 + 64, 64);
 
 }  // namespace megamoe::layer

@@ -11,20 +11,9 @@ set -u
 bin=$(realpath "$1")
 out=$2
 mkdir -p "$out"
-# An empty JIT cache: compiling the kernels is part of the session, as on a fresh machine.
-export MEGAMOE_JIT_CACHE_DIR=$(mktemp -d)
-trap 'rm -rf "$MEGAMOE_JIT_CACHE_DIR"' EXIT
+source "$(dirname "$0")/gpu_session_lib.sh"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit --format=csv,noheader
 start=$(date +%s)
-step() {  # step NAME TIMEOUT_S ARGS...
-  local name=$1 limit=$2
-  shift 2
-  local t0=$(date +%s%N)
-  timeout "$limit" "$bin" "$@" > "$out/$name.txt" 2>&1
-  local rc=$?
-  printf '%-12s rc=%-3s %6d ms  megamoe %s\n' "$name" "$rc" $(( ($(date +%s%N) - t0) / 1000000 )) "$*" \
-    | tee -a "$out/steps.txt"
-}
 step selftest 60 selftest --only ep.
 grep -E '^(PASS|FAIL)|checks passed' "$out/selftest.txt"
 step bf16_t4096 30 bench dispatch --preset flash --tokens 4096 --dtype bf16 --sms 16,24,32

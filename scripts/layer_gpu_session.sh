@@ -12,19 +12,9 @@ out=$2
 tokens=${3:-64,256,1024,4096,8192}
 steps=${4:-selftest run flash pro}
 mkdir -p "$out"
-export MEGAMOE_JIT_CACHE_DIR=$(mktemp -d)
-trap 'rm -rf "$MEGAMOE_JIT_CACHE_DIR"' EXIT
+source "$(dirname "$0")/gpu_session_lib.sh"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit --format=csv,noheader
 start=$(date +%s)
-step() {  # step NAME TIMEOUT_S ARGS...
-  local name=$1 limit=$2
-  shift 2
-  local t0=$(date +%s%N)
-  timeout "$limit" "$bin" "$@" > "$out/$name.txt" 2>&1
-  local rc=$?
-  printf '%-14s rc=%-3s %6d ms  megamoe %s\n' "$name" "$rc" $(( ($(date +%s%N) - t0) / 1000000 )) "$*" \
-    | tee -a "$out/steps.txt"
-}
 for s in $steps; do
   case $s in
     selftest) step selftest 240 selftest
@@ -38,4 +28,4 @@ for s in $steps; do
   esac
 done
 echo "session: $(( $(date +%s) - start )) s"
-for f in "$out"/bench_*.txt; do [ -f "$f" ] && { echo "== $(basename "$f")"; grep -v '^bench layer: ' "$f" | tail -n 12; }; done
+for f in "$out"/bench_*.txt; do [ -f "$f" ] && { echo "== $(basename "$f")"; grep -v '^bench layer: [a-z0-9 ]*$' "$f"; }; done

@@ -5,15 +5,14 @@
 //! ratios.
 
 use megamoe_core::floor::floor_seconds;
-use megamoe_core::numerics::INPUT_SCALE_FLOOR;
-use megamoe_core::quant::{quantize_rows, INPUT_GROUP};
 use megamoe_core::routing::{generate_world, RoutingSpec};
 use megamoe_core::{Shape, WeightGen};
 use megamoe_cuda::bench::Stats;
 
 use crate::error::Result;
+use crate::inputs::{fp8_inputs, quantize_inputs};
 use crate::spec::LayerSpec;
-use crate::split::{Activations, Phase, RankInput, SplitLayer};
+use crate::split::{Phase, SplitLayer};
 
 /// What to measure.
 #[derive(Clone, Debug)]
@@ -61,27 +60,8 @@ pub fn run(b: &LayerBench, progress: &dyn Fn(&str)) -> Result<Vec<LayerRow>> {
     for &tokens in &b.tokens {
         progress(&format!("{tokens} tokens per rank"));
         let world = generate_world(b.shape, b.ranks, tokens, &b.routing)?;
-        let quant: Vec<_> = world
-            .ranks
-            .iter()
-            .map(|r| {
-                let x: Vec<f32> = r.x.iter().map(|v| v.to_f32()).collect();
-                quantize_rows(&x, r.tokens, b.shape.hidden, INPUT_GROUP, INPUT_SCALE_FLOOR)
-            })
-            .collect::<megamoe_core::Result<_>>()?;
-        let inputs: Vec<RankInput> = world
-            .ranks
-            .iter()
-            .zip(&quant)
-            .map(|(r, q)| RankInput {
-                x: Activations::Fp8 {
-                    data: &q.codes,
-                    scales: &q.scales,
-                },
-                topk_idx: &r.topk_idx,
-                topk_weights: &r.topk_weights,
-            })
-            .collect();
+        let quant = quantize_inputs(&world);
+        let inputs = fp8_inputs(&world, &quant);
         let staged = layer.stage(&inputs, None)?;
         // A first call fills the pool the GEMM-only arm reads, and compiles its kernels.
         layer.launch(&staged)?;

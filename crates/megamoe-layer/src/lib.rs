@@ -16,6 +16,7 @@
 //!   JIT ([`kernel::kernel_specs`]).
 pub mod bench;
 pub mod error;
+pub mod inputs;
 pub mod kernel;
 pub mod selftest;
 pub mod spec;

@@ -6,12 +6,12 @@
 
 use half::bf16;
 use megamoe_core::preset::Shape;
-use megamoe_core::quant::{quantize_rows, INPUT_GROUP};
 use megamoe_core::routing::{generate_world, RoutingKind, RoutingSpec};
 use megamoe_core::{diff, fused_layer, LayerOptions, Preset, WeightGen, WorldInputs};
 
 use megamoe_cuda::selftest::Check;
 
+use crate::inputs::{bf16_inputs, fp8_inputs, quantize_inputs, spec_for};
 use crate::spec::LayerSpec;
 use crate::split::{Activations, RankInput, SplitLayer};
 
@@ -52,27 +52,9 @@ fn run_layer(
     options: &LayerOptions,
 ) -> Result<Vec<Vec<bf16>>, String> {
     let ranks = world.num_ranks();
-    let max_tokens = world
-        .ranks
-        .iter()
-        .map(|r| r.tokens)
-        .max()
-        .unwrap_or(0)
-        .max(1);
-    let mut spec = LayerSpec::new(world.shape, ranks, max_tokens);
-    spec.group = options.group;
-    spec.clamp = options.clamp;
-    let mut layer = SplitLayer::new(spec, |r| gen.rank_fp8(r, ranks)).map_err(err)?;
-    let inputs: Vec<RankInput> = world
-        .ranks
-        .iter()
-        .map(|r| RankInput {
-            x: Activations::Bf16(&r.x),
-            topk_idx: &r.topk_idx,
-            topk_weights: &r.topk_weights,
-        })
-        .collect();
-    layer.forward(&inputs, None).map_err(err)
+    let mut layer =
+        SplitLayer::new(spec_for(world, options), |r| gen.rank_fp8(r, ranks)).map_err(err)?;
+    layer.forward(&bf16_inputs(world), None).map_err(err)
 }
 
 /// The GPU layer against the CPU reference on one generated batch; also the bits of a second
@@ -165,29 +147,10 @@ fn fp8_input() -> Check {
             let gen = WeightGen::new(shape, 7);
             let options = LayerOptions::for_shape(&shape);
             let from_bf16 = run_layer(&world, &gen, &options)?;
-            let quant: Vec<_> = world
-                .ranks
-                .iter()
-                .map(|r| {
-                    let x: Vec<f32> = r.x.iter().map(|v| v.to_f32()).collect();
-                    quantize_rows(&x, r.tokens, shape.hidden, INPUT_GROUP, 1e-4).expect("shape")
-                })
-                .collect();
+            let quant = quantize_inputs(&world);
             let spec = LayerSpec::new(shape, 2, 96);
             let mut layer = SplitLayer::new(spec, |r| gen.rank_fp8(r, 2)).map_err(err)?;
-            let inputs: Vec<RankInput> = world
-                .ranks
-                .iter()
-                .zip(&quant)
-                .map(|(r, q)| RankInput {
-                    x: Activations::Fp8 {
-                        data: &q.codes,
-                        scales: &q.scales,
-                    },
-                    topk_idx: &r.topk_idx,
-                    topk_weights: &r.topk_weights,
-                })
-                .collect();
+            let inputs = fp8_inputs(&world, &quant);
             let got = layer.forward(&inputs, Some(96)).map_err(err)?;
             if got != from_bf16 {
                 return Err("FP8 input and bf16 input give other bits".into());
@@ -223,15 +186,7 @@ fn bad_inputs() -> Check {
             let gen = WeightGen::new(shape, 11);
             let mut layer = SplitLayer::new(LayerSpec::new(shape, 2, 32), |r| gen.rank_fp8(r, 2))
                 .map_err(err)?;
-            let good: Vec<RankInput> = world
-                .ranks
-                .iter()
-                .map(|r| RankInput {
-                    x: Activations::Bf16(&r.x),
-                    topk_idx: &r.topk_idx,
-                    topk_weights: &r.topk_weights,
-                })
-                .collect();
+            let good = bf16_inputs(&world);
             let want = layer.forward(&good, None).map_err(err)?;
             let before = layer.input_bytes().map_err(err)?;
             let k = shape.topk;

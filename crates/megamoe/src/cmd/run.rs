@@ -9,7 +9,8 @@ use half::bf16;
 use megamoe_core::reference::PerRank;
 use megamoe_core::routing::{generate_world, RoutingKind, RoutingSpec};
 use megamoe_core::{diff, fused_layer_and_f64, LayerOptions, Preset, WeightGen, WorldInputs};
-use megamoe_layer::{Activations, LayerSpec, RankInput, SplitLayer};
+use megamoe_layer::inputs::{bf16_inputs, spec_for};
+use megamoe_layer::SplitLayer;
 use serde::Serialize;
 
 use crate::progress::Progress;
@@ -213,31 +214,13 @@ fn gpu_layer(
     options: &LayerOptions,
 ) -> Result<(PerRank<bf16>, f64), Box<dyn std::error::Error>> {
     let ranks = world.num_ranks();
-    let max_tokens = world
-        .ranks
-        .iter()
-        .map(|r| r.tokens)
-        .max()
-        .unwrap_or(0)
-        .max(1);
-    let mut spec = LayerSpec::new(world.shape, ranks, max_tokens);
-    spec.group = options.group;
-    spec.clamp = options.clamp;
     let bar = Progress::new("weights ");
-    let mut layer = SplitLayer::new(spec, |r| {
+    let mut layer = SplitLayer::new(spec_for(world, options), |r| {
         bar.update(r, ranks);
         weights.rank_fp8(r, ranks)
     })?;
     bar.finish();
-    let inputs: Vec<RankInput> = world
-        .ranks
-        .iter()
-        .map(|r| RankInput {
-            x: Activations::Bf16(&r.x),
-            topk_idx: &r.topk_idx,
-            topk_weights: &r.topk_weights,
-        })
-        .collect();
+    let inputs = bf16_inputs(world);
     let first = layer.forward(&inputs, None)?;
     let start = Instant::now();
     let second = layer.forward(&inputs, None)?;

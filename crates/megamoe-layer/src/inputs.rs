@@ -1,0 +1,71 @@
+//! A generated batch (megamoe-core's [`WorldInputs`]) as the layer's inputs: bf16 as generated,
+//! or quantized on the host per token per 128 columns (SPEC §3), the way the benchmark and the
+//! checks feed the layer; and the layer spec that fits such a batch.
+
+use megamoe_core::numerics::INPUT_SCALE_FLOOR;
+use megamoe_core::quant::{quantize_rows, QuantRows, INPUT_GROUP};
+use megamoe_core::{LayerOptions, WorldInputs};
+
+use crate::spec::LayerSpec;
+use crate::split::{Activations, RankInput};
+
+/// Every rank's inputs of `world` with bf16 activations.
+pub fn bf16_inputs(world: &WorldInputs) -> Vec<RankInput<'_>> {
+    world
+        .ranks
+        .iter()
+        .map(|r| RankInput {
+            x: Activations::Bf16(&r.x),
+            topk_idx: &r.topk_idx,
+            topk_weights: &r.topk_weights,
+        })
+        .collect()
+}
+
+/// Every rank's activations of `world` quantized on the host, bitwise what the layer's own
+/// quantizer makes of the bf16 rows.
+pub fn quantize_inputs(world: &WorldInputs) -> Vec<QuantRows> {
+    world
+        .ranks
+        .iter()
+        .map(|r| {
+            let x: Vec<f32> = r.x.iter().map(|v| v.to_f32()).collect();
+            quantize_rows(
+                &x,
+                r.tokens,
+                world.shape.hidden,
+                INPUT_GROUP,
+                INPUT_SCALE_FLOOR,
+            )
+            .expect("generated rows are whole 128-column groups")
+        })
+        .collect()
+}
+
+/// Every rank's inputs of `world` with the e4m3 activations of `quant` (from
+/// [`quantize_inputs`]).
+pub fn fp8_inputs<'a>(world: &'a WorldInputs, quant: &'a [QuantRows]) -> Vec<RankInput<'a>> {
+    world
+        .ranks
+        .iter()
+        .zip(quant)
+        .map(|(r, q)| RankInput {
+            x: Activations::Fp8 {
+                data: &q.codes,
+                scales: &q.scales,
+            },
+            topk_idx: &r.topk_idx,
+            topk_weights: &r.topk_weights,
+        })
+        .collect()
+}
+
+/// The split layer for `world`'s ranks and shape, T_max its largest T (at least 1), with
+/// `options`' G and clamp.
+pub fn spec_for(world: &WorldInputs, options: &LayerOptions) -> LayerSpec {
+    let max_tokens = world.ranks.iter().map(|r| r.tokens).max().unwrap_or(0);
+    let mut spec = LayerSpec::new(world.shape, world.num_ranks(), max_tokens.max(1));
+    spec.group = options.group;
+    spec.clamp = options.clamp;
+    spec
+}

@@ -575,6 +575,54 @@ fn comm_sms(requested: Option<usize>, ranks: usize, gpus: usize, sms: usize) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use megamoe_core::routing::validate_rank;
+    use megamoe_core::{Preset, RankInputs};
+    use proptest::prelude::*;
+
+    proptest! {
+        // Any lengths, expert ids and weights: the layer's checks never panic, and accept
+        // exactly what megamoe-core's validation of the same rank accepts.
+        #[test]
+        fn input_checks_agree_with_the_reference_validation(
+            slots in 0usize..40,
+            x_extra in -2i64..3,
+            w_extra in -2i64..3,
+            ids in proptest::collection::vec(-3i32..20, 40),
+            weights in proptest::collection::vec(
+                prop_oneof![Just(f32::NAN), Just(f32::INFINITY), -2.0f32..2.0], 40),
+        ) {
+            let shape = Preset::by_name("tiny").unwrap().shape; // H 256, E 16, K 4
+            let spec = LayerSpec::new(shape, 2, 8);
+            let topk_idx = &ids[..slots];
+            let t = slots / shape.topk;
+            let x_len = ((t * shape.hidden) as i64 + x_extra).max(0) as usize;
+            let w_len = (slots as i64 + w_extra).clamp(0, 40) as usize;
+            let x = vec![half::bf16::ONE; x_len];
+            let input = RankInput {
+                x: Activations::Bf16(&x),
+                topk_idx,
+                topk_weights: &weights[..w_len],
+            };
+            let got = check_input(&spec, &input);
+            let reference = if slots % shape.topk != 0 {
+                None
+            } else {
+                let rank = RankInputs {
+                    tokens: t,
+                    first_global_token: 0,
+                    x: x.clone(),
+                    topk_idx: topk_idx.to_vec(),
+                    topk_weights: weights[..w_len].to_vec(),
+                };
+                Some(validate_rank(shape, 0, &rank, Some(spec.max_tokens)))
+            };
+            match (got, reference) {
+                (Ok(tokens), Some(Ok(()))) => prop_assert_eq!(tokens, t),
+                (Err(_), Some(Err(_))) | (Err(_), None) => {}
+                (got, reference) => prop_assert!(false, "layer {:?}, reference {:?}", got, reference),
+            }
+        }
+    }
 
     #[test]
     fn communication_blocks_of_every_virtual_rank_fit_on_the_gpu() {

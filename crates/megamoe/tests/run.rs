@@ -105,3 +105,24 @@ fn bad_arguments_exit_non_zero_with_a_one_line_reason() {
         assert!(err.contains(needle), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn backend_gpu_runs_the_layer_where_a_gpu_is_and_is_an_error_elsewhere() {
+    let args = ["--preset", "tiny", "--ranks", "2", "--tokens", "16"];
+    let out = run(&[&args[..], &["--backend", "gpu", "--json"]].concat());
+    if megamoe_cuda::device_count().unwrap_or(0) == 0 {
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains("--backend gpu"), "{err}");
+    } else {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["backend"], "gpu");
+        assert!(v["diff_vs_reference"].as_f64().unwrap() <= 1e-4, "{v}");
+    }
+}

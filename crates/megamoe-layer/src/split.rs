@@ -624,6 +624,13 @@ mod tests {
         }
     }
 
+    /// A serving engine builds the layer on one thread and runs it on a worker thread.
+    #[test]
+    fn a_layer_can_move_to_another_thread() {
+        fn send<T: Send>() {}
+        send::<SplitLayer>();
+    }
+
     #[test]
     fn communication_blocks_of_every_virtual_rank_fit_on_the_gpu() {
         assert_eq!(comm_sms(None, 1, 1, 132), 132);

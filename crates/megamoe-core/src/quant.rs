@@ -45,11 +45,13 @@ pub fn default_group(shape: &Shape) -> usize {
 }
 
 fn check_matrix(arg: &'static str, len: usize, rows: usize, cols: usize) -> Result<()> {
-    if len != rows * cols {
+    // A saturated product is no slice's length, so an overflowing shape is a mismatch.
+    let expected = rows.saturating_mul(cols);
+    if len != expected {
         return Err(Error::Length {
             arg,
             got: len,
-            expected: rows * cols,
+            expected,
         });
     }
     Ok(())
@@ -100,6 +102,14 @@ pub fn quantize_blocks(
     check_matrix("values", values.len(), rows, cols)?;
     check_multiple("rows", rows, WEIGHT_BLOCK)?;
     check_multiple("cols", cols, WEIGHT_BLOCK)?;
+    // No strips to walk (and zero columns would make an empty strip).
+    if values.is_empty() {
+        return Ok(QuantBlocks {
+            rows,
+            cols,
+            ..QuantBlocks::default()
+        });
+    }
     let mut codes = vec![0u8; values.len()];
     let mut scales = vec![0f32; (rows / WEIGHT_BLOCK) * (cols / WEIGHT_BLOCK)];
     #[cfg(target_arch = "x86_64")]

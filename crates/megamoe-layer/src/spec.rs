@@ -1,6 +1,7 @@
 //! What a layer is built for, its limits, and the size query: the bytes a rank allocates,
 //! callable before any allocation (pure arithmetic).
 
+use megamoe_core::plan::rules::MAX_TOKENS;
 use megamoe_core::preset::Shape;
 use megamoe_core::quant::default_group;
 use megamoe_core::{Error, Result};
@@ -97,10 +98,11 @@ impl LayerSpec {
                 format!("{} exceeds the kernels' {MAX_TOPK}", self.shape.topk),
             );
         }
-        if self.shape.local_experts(self.ranks) > MAX_EXPERTS {
+        // megamoe-ep's count regions hold every expert of the world, not just a rank's.
+        if self.shape.experts > MAX_EXPERTS {
             return shape(
                 "experts",
-                format!("more than {MAX_EXPERTS} experts per rank"),
+                format!("{} exceeds the kernels' {MAX_EXPERTS}", self.shape.experts),
             );
         }
         if self.group != 64 && self.group != 128 {
@@ -110,11 +112,11 @@ impl LayerSpec {
                 reason: "must be 64 or 128".into(),
             });
         }
-        if self.max_tokens == 0 {
+        if self.max_tokens == 0 || self.max_tokens > MAX_TOKENS {
             return Err(Error::Value {
                 arg: "max_tokens",
-                value: "0".into(),
-                reason: "must be at least 1".into(),
+                value: self.max_tokens.to_string(),
+                reason: format!("must be in 1..={MAX_TOKENS}"),
             });
         }
         if let Some(c) = self.clamp {

@@ -137,7 +137,7 @@ pub struct SymmetricLayout {
 
 impl SymmetricLayout {
     /// The layout for `t_max` tokens per rank (aligned up to 128). Checks the shape, the rank
-    /// count and `gran`.
+    /// count, `gran` and `t_max`.
     pub fn new(
         kernel: Kernel,
         shape: &Shape,
@@ -147,6 +147,7 @@ impl SymmetricLayout {
     ) -> Result<Self> {
         shape.validate(ranks)?;
         rules::check_gran(shape, gran)?;
+        rules::check_tokens(t_max)?;
         let ring = RingSizing::new(shape, ranks, t_max);
         // The split layer pads each expert's segment to whole slots.
         let spec = BufferSpec::for_shape(ranks, shape, ring.t_cap, SLOT_ROWS);

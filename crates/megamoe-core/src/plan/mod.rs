@@ -47,6 +47,7 @@ impl CallPlan {
     ) -> Result<Self> {
         shape.validate(ranks)?;
         rules::check_gran(shape, gran)?;
+        rules::check_tokens(t_max)?;
         let ring = RingSizing::new(shape, ranks, t_max);
         if bound > ring.t_cap {
             return Err(Error::Capacity {

@@ -31,6 +31,21 @@ pub const LAG_MAX_UNITS: usize = 64;
 /// ring would be as large as the pool (the seed's threshold).
 pub const LAG_THRESHOLD_TOKENS: usize = 1024;
 
+/// Most tokens per rank a buffer is sized for: a pool row records its source token as a u32.
+pub const MAX_TOKENS: usize = u32::MAX as usize;
+
+/// Checks a buffer's token capacity T_max against [`MAX_TOKENS`].
+pub fn check_tokens(t_max: usize) -> Result<usize> {
+    if t_max > MAX_TOKENS {
+        return Err(Error::Value {
+            arg: "tokens",
+            value: t_max.to_string(),
+            reason: format!("at most {MAX_TOKENS} tokens per rank"),
+        });
+    }
+    Ok(t_max)
+}
+
 /// `t` aligned up to [`TOKEN_ALIGN`].
 pub fn align_tokens(t: usize) -> usize {
     t.div_ceil(TOKEN_ALIGN) * TOKEN_ALIGN

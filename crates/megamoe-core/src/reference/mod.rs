@@ -48,6 +48,10 @@ impl LayerOptions {
 pub type Progress<'a> = &'a (dyn Fn(usize, usize) + Sync);
 
 /// The fused layer as SPEC §3 defines it: one bf16 `[T, H]` output per rank, rank 0 first.
+///
+/// Non-finite inputs (SPEC §6): a NaN or ±Inf in a token's `x` row changes only that token's
+/// output rows, every other token's bits stay the same; a non-finite weight on a masked slot is
+/// ignored, on a valid slot it is an error naming `topk_weights`.
 pub fn fused_layer(
     world: &WorldInputs,
     weights: &impl WeightSource,

@@ -30,14 +30,13 @@ pub fn validate_world(world: &WorldInputs, capacity: Option<usize>) -> Result<()
 }
 
 fn check_rank(shape: Shape, inputs: &RankInputs, capacity: Option<usize>) -> Result<()> {
+    // Saturated products no slice length equals, so a T too large for memory fails as a
+    // length mismatch instead of overflowing.
     let tokens = inputs.tokens;
-    check_len("x", inputs.x.len(), tokens * shape.hidden)?;
-    check_len("topk_idx", inputs.topk_idx.len(), tokens * shape.topk)?;
-    check_len(
-        "topk_weights",
-        inputs.topk_weights.len(),
-        tokens * shape.topk,
-    )?;
+    check_len("x", inputs.x.len(), tokens.saturating_mul(shape.hidden))?;
+    let slots = tokens.saturating_mul(shape.topk);
+    check_len("topk_idx", inputs.topk_idx.len(), slots)?;
+    check_len("topk_weights", inputs.topk_weights.len(), slots)?;
     if let Some(capacity) = capacity {
         if tokens > capacity {
             return Err(Error::Capacity {
@@ -75,6 +74,7 @@ pub(crate) fn check_len(arg: &'static str, got: usize, expected: usize) -> Resul
 /// Every entry in [0, E) or −1, and no expert twice in one row of K slots.
 /// `topk_idx.len()` must be a multiple of K (checked by the callers' length checks).
 pub fn check_topk_idx(arg: &'static str, shape: Shape, topk_idx: &[i32]) -> Result<()> {
+    check_topk(shape.topk)?;
     for (row, slots) in topk_idx.chunks(shape.topk).enumerate() {
         for (slot, &value) in slots.iter().enumerate() {
             if value < -1 || value as i64 >= shape.experts as i64 {
@@ -103,6 +103,17 @@ pub fn check_topk_idx(arg: &'static str, shape: Shape, topk_idx: &[i32]) -> Resu
     Ok(())
 }
 
+/// Rows of K = 0 slots cannot be told apart (the row checks take K from the caller).
+fn check_topk(topk: usize) -> Result<()> {
+    if topk == 0 {
+        return Err(Error::Shape {
+            arg: "topk",
+            reason: "0 slots per token".into(),
+        });
+    }
+    Ok(())
+}
+
 /// Weights of valid slots must be finite; masked slots' weights are never read.
 pub fn check_slot_weights(
     arg: &'static str,
@@ -110,6 +121,7 @@ pub fn check_slot_weights(
     topk_idx: &[i32],
     weights: &[f32],
 ) -> Result<()> {
+    check_topk(topk)?;
     let bad = topk_idx
         .iter()
         .zip(weights)

@@ -294,6 +294,46 @@ fn bad_inputs() -> Check {
     }
 }
 
+/// SPEC §6: a NaN or ±Inf in one token's `x` changes only that token's output; every other
+/// token keeps its bits.
+fn non_finite_input() -> Check {
+    Check {
+        name: "layer split tiny R=2 NaN/Inf in one token's x".into(),
+        run: Box::new(|| {
+            let shape = shape("tiny", None);
+            let world = generate_world(shape, 2, 32, &routing("uniform", 13)).map_err(err)?;
+            let gen = WeightGen::new(shape, 13);
+            let options = LayerOptions::for_shape(&shape);
+            let mut layer =
+                SplitLayer::new(spec_for(&world, &options), |r| gen.rank_fp8(r, 2)).map_err(err)?;
+            let base = layer.forward(&bf16_inputs(&world), None).map_err(err)?;
+            let (rank, token, h) = (1, 5, shape.hidden);
+            for v in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                let mut bad = world.clone();
+                bad.ranks[rank].x[token * h + 7] = bf16::from_f32(v);
+                let got = layer.forward(&bf16_inputs(&bad), None).map_err(err)?;
+                for (r, (g, b)) in got.iter().zip(&base).enumerate() {
+                    for t in 0..g.len() / h {
+                        let same = g[t * h..][..h]
+                            .iter()
+                            .zip(&b[t * h..][..h])
+                            .all(|(x, y)| x.to_bits() == y.to_bits());
+                        if (r, t) == (rank, token) && same {
+                            return Err(format!("{v} in token {token}: its output did not change"));
+                        }
+                        if (r, t) != (rank, token) && !same {
+                            return Err(format!(
+                                "{v} in rank {rank} token {token} changed rank {r} token {t}"
+                            ));
+                        }
+                    }
+                }
+            }
+            Ok("NaN, +Inf, -Inf: only that token's output changed".into())
+        }),
+    }
+}
+
 /// Every layer check of the selftest.
 pub fn gpu_checks() -> Vec<Check> {
     let mut checks = Vec::new();
@@ -313,5 +353,6 @@ pub fn gpu_checks() -> Vec<Check> {
     checks.push(against_reference("pro", Some(48), 2, 48, "zipf", None));
     checks.push(fp8_input());
     checks.push(bad_inputs());
+    checks.push(non_finite_input());
     checks
 }

@@ -112,6 +112,8 @@ pub struct SplitLayer {
     handle: Handle,
     ranks: Vec<RankState>,
     l1_config: GemmConfig,
+    /// The L1 kernel's name, for errors.
+    l1_name: String,
     /// Cumulative rows received per local expert, per rank, over every forward.
     expert_counts: Vec<Vec<u64>>,
 }
@@ -220,6 +222,7 @@ impl SplitLayer {
             handle,
             ranks,
             l1_config,
+            l1_name: l1_compiled.name.clone(),
         })
     }
 
@@ -361,7 +364,7 @@ impl SplitLayer {
         self.ep.sync()?;
         for rank in &self.ranks {
             let record = rank.l1_error.download::<WaitRecord>()?[0];
-            check_wait_record(record, &split_l1_spec(&self.l1_config).name)?;
+            check_wait_record(record, &self.l1_name)?;
             for l2 in &rank.l2 {
                 l2.check(&rank.gpu)?;
             }

@@ -250,32 +250,9 @@ impl EpWorld {
         topk_idx: &[i32],
         probs: &[f32],
     ) -> Result<(), EpError> {
-        let s = &self.config.spec;
-        if tokens > s.max_tokens {
-            return Err(EpError::input(
-                rank,
-                Error::Capacity {
-                    arg: "tokens",
-                    got: tokens,
-                    capacity: s.max_tokens,
-                },
-            ));
-        }
-        for (arg, got) in [("topk_idx", topk_idx.len()), ("probs", probs.len())] {
-            if got != tokens * s.topk {
-                return Err(EpError::input(
-                    rank,
-                    Error::Length {
-                        arg,
-                        got,
-                        expected: tokens * s.topk,
-                    },
-                ));
-            }
-        }
-        self.io[rank].upload_at(self.io_offsets[0], topk_idx)?;
-        self.io[rank].upload_at(self.io_offsets[1], probs)?;
-        Ok(())
+        self.check_capacity(rank, tokens)?;
+        self.check_routing(rank, tokens, topk_idx, probs)?;
+        self.write_routing(rank, topk_idx, probs)
     }
 
     /// Uploads one rank's dispatch inputs from the host (rows checked against the buffer's dtype).
@@ -289,13 +266,7 @@ impl EpWorld {
     ) -> Result<(), EpError> {
         let s = &self.config.spec;
         let bad = |e| Err(EpError::input(rank, e));
-        if tokens > s.max_tokens {
-            return bad(Error::Capacity {
-                arg: "tokens",
-                got: tokens,
-                capacity: s.max_tokens,
-            });
-        }
+        self.check_capacity(rank, tokens)?;
         let (bytes, scales): (&[u8], &[f32]) = match (rows, self.config.dtype) {
             (Rows::Bf16(x), RowDtype::Bf16) => (bytemuck_bf16(x), &[]),
             (Rows::Fp8 { data, scales }, RowDtype::Fp8) => (data, scales),
@@ -317,10 +288,48 @@ impl EpWorld {
                 return bad(Error::Length { arg, got, expected });
             }
         }
-        self.upload_routing(rank, tokens, topk_idx, probs)?;
+        self.check_routing(rank, tokens, topk_idx, probs)?;
+        self.write_routing(rank, topk_idx, probs)?;
         let buf = self.buffer(rank);
         buf.upload_at(self.layout.in_rows, bytes)?;
         buf.upload_at(self.layout.in_scales, scales)?;
+        Ok(())
+    }
+
+    fn check_capacity(&self, rank: usize, tokens: usize) -> Result<(), EpError> {
+        let capacity = self.config.spec.max_tokens;
+        if tokens > capacity {
+            return Err(EpError::input(
+                rank,
+                Error::Capacity {
+                    arg: "tokens",
+                    got: tokens,
+                    capacity,
+                },
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_routing(
+        &self,
+        rank: usize,
+        tokens: usize,
+        topk_idx: &[i32],
+        probs: &[f32],
+    ) -> Result<(), EpError> {
+        let expected = tokens * self.config.spec.topk;
+        for (arg, got) in [("topk_idx", topk_idx.len()), ("probs", probs.len())] {
+            if got != expected {
+                return Err(EpError::input(rank, Error::Length { arg, got, expected }));
+            }
+        }
+        Ok(())
+    }
+
+    fn write_routing(&self, rank: usize, topk_idx: &[i32], probs: &[f32]) -> Result<(), EpError> {
+        self.io[rank].upload_at(self.io_offsets[0], topk_idx)?;
+        self.io[rank].upload_at(self.io_offsets[1], probs)?;
         Ok(())
     }
 

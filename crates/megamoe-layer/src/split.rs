@@ -361,12 +361,13 @@ impl SplitLayer {
     /// Waits for every rank and reports the first failure of the calls since the last finish:
     /// a device wait past its deadline (naming the rank and the wait) or a rejected input.
     pub fn finish(&self) -> Result<()> {
+        // The EP sync waits for every rank's stream, the GEMMs' launches included.
         self.ep.sync()?;
         for rank in &self.ranks {
             let record = rank.l1_error.download::<WaitRecord>()?[0];
             check_wait_record(record, &self.l1_name)?;
             for l2 in &rank.l2 {
-                l2.check(&rank.gpu)?;
+                l2.check_synchronized()?;
             }
         }
         Ok(())

@@ -98,4 +98,28 @@ __device__ __forceinline__ u32 atomic_cas_u32(u32* p, u32 expected, u32 desired)
   return old;
 }
 
+// Flags between the CTAs of one GPU (a kernel's own producer/consumer counters).
+__device__ __forceinline__ u32 ld_acquire_gpu_u32(const u32* p) {
+  u32 v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void red_release_gpu_add_u32(u32* p, u32 v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ u64 ld_acquire_gpu_u64(const u64* p) {
+  u64 v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Orders this thread's generic-proxy global accesses with its async-proxy (TMA) ones: a writer
+// runs it after rows another CTA's TMA will load, a reader after acquiring the flag and before
+// issuing the load.
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+
 }  // namespace megamoe::ptx

@@ -59,4 +59,12 @@ __device__ __forceinline__ void cluster_sync() {
       "barrier.cluster.wait.acquire;" ::: "memory");
 }
 
+// blockIdx.x read afresh: ptxas may keep a value computed before a role's setmaxnreg live
+// across the role (spilling it where registers are few); a volatile read is never reused.
+__device__ __forceinline__ u32 ctaid_x() {
+    u32 v;
+    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(v));
+    return v;
+}
+
 }  // namespace megamoe::ptx

@@ -3,19 +3,24 @@
 // the per-expert row counts, then each consumer warpgroup's weight scales of its current tile
 // (two 128-column blocks by up to kMaxKBlocks K blocks). Mirrored by
 // `smem_bytes` in src/heuristics.rs.
+//
+// kSaCols: scale columns a stage has room for, at least the kScaleCols one K block needs. A
+// kernel that runs K groups of 128 and of 64 over one ring (the MoE layer's fused kernel) gives
+// both views 2, so the two place every region at the same address.
 #pragma once
 #include <megamoe/common.cuh>
 
 namespace megamoe::gemm {
 
-template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize>
+template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, int kSaCols = 128 / kGroupSize>
 struct SmemLayout {
     static constexpr int kBlockK = 128;
     static constexpr int kScaleCols = kBlockK / kGroupSize;
     static constexpr u32 kABytes = BLOCK_M * kBlockK;
     static constexpr u32 kBBytes = BLOCK_N * kBlockK;
-    static constexpr u32 kSaBytes = kScaleCols * BLOCK_M * 4;
-    static constexpr u32 kStageTxBytes = kABytes + kBBytes + kSaBytes;
+    static_assert(kSaCols >= kScaleCols, "a stage holds one K block's scale columns");
+    static constexpr u32 kSaBytes = kSaCols * BLOCK_M * 4;
+    static constexpr u32 kStageTxBytes = kABytes + kBBytes + kScaleCols * BLOCK_M * 4;
     static constexpr int kMaxExperts = 1024;
     // 64 rows x 64 bf16 columns per consumer warpgroup, 128-byte swizzled like the TMA box.
     static constexpr u32 kStagingBytes = 64 * 64 * 2;

@@ -76,12 +76,12 @@ struct TileWeightScales {
 // memory once (ldmatrix, G/32 x 4 registers) and fed to every wave from registers, instead of
 // every wave's wgmmas reading it again.
 template <int kWaveN, int kWaves, int kClusterM, bool kARegs, int kScaleShift, int BLOCK_M,
-          int BLOCK_N, int kStages, int kGroupSize>
+          int BLOCK_N, int kStages, int kGroupSize, int kSaCols>
 __device__ __forceinline__ void tile_k_loop(const MainloopParams& p,
-                                            const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>& smem,
+                                            const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize, kSaCols>& smem,
                                             RingCursor<kStages>& ring, const Tile& t, u32 wg,
                                             u32 a_off, u32 b_off, float (&sum)[kWaves][kWaveN / 2]) {
-    using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>;
+    using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize, kSaCols>;
     using Mma = typename WgmmaE4M3<kWaveN>::type;
     constexpr int kScaleCols = Layout::kScaleCols;
     constexpr int kMmaPerGroup = kGroupSize / Mma::kK;

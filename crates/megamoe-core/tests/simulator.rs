@@ -184,7 +184,8 @@ fn the_planned_ring_wraps_and_every_reuse_waits() {
         0.0,
     );
     let plan = CallPlan::new(&shape, 1, 4096, 64, 4096).unwrap();
-    assert_eq!(plan.order.order, Order::Lagged { lag_units: 8 });
+    // The rule's lag 8 lowered to 6, which leaves the 100-slot ring its two units of slack.
+    assert_eq!(plan.order.order, Order::Lagged { lag_units: 6 });
     let streams = plan.streams(Kernel::Fused, &loads).unwrap();
     let s = &streams[0];
     assert!(

@@ -16,14 +16,9 @@ use crate::preset::Shape;
 /// Alignment of every region: above TMA's 16 B and a whole number of 128 B lines, so no two
 /// regions share a cache line and flags never share a line with data.
 pub const REGION_ALIGN: u64 = 256;
-/// Bytes of one pool row's record: source token (u32), source rank (u16), slot k (u16),
-/// router weight (f32), padding to 16.
-pub const ROW_INFO_BYTES: u64 = 16;
-/// Bytes of one tile-table entry: expert, first row, rows, slot (u32 each).
-pub const TILE_ENTRY_BYTES: u64 = 16;
-/// Flag words per pool slot: arrived, L1-full, L2-empty (u32), in two launch-parity banks so a
-/// launch never needs to clear the previous launch's flags behind a barrier.
-pub const SLOT_FLAG_BYTES: u64 = 3 * 4 * 2;
+/// Bytes of one ring row's record besides its data: routing weight (f32), source rank and slot
+/// (u32 each).
+pub const ROW_INFO_BYTES: u64 = 12;
 /// Bytes of the record a call rejected on the device leaves: code, rank, what, peer (u32),
 /// value seen, value expected (u64). Expired waits are recorded outside the buffer, in
 /// megamoe-cuda's `WaitRecord`.
@@ -33,8 +28,6 @@ pub const ERROR_RECORD_BYTES: u64 = 32;
 pub const SIGNAL_KINDS: usize = 4;
 /// Kernel families that count their calls (dispatch, combine), one u64 epoch each.
 const EPOCH_FAMILIES: usize = 2;
-/// The smallest block_m, which bounds how many tile-table entries a call can need.
-const MIN_BLOCK_M: usize = 64;
 
 /// Which kernel a buffer serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -145,10 +138,30 @@ impl SymmetricLayout {
         t_max: usize,
         gran: usize,
     ) -> Result<Self> {
+        // Checked in this order (shape, G, T_max) before the ring's arithmetic.
         shape.validate(ranks)?;
         rules::check_gran(shape, gran)?;
         rules::check_tokens(t_max)?;
-        let ring = RingSizing::new(shape, ranks, t_max);
+        Self::with_ring(
+            kernel,
+            shape,
+            ranks,
+            gran,
+            RingSizing::new(shape, ranks, t_max),
+        )
+    }
+
+    /// The layout with the ring `ring` (e.g. [`RingSizing::full_pool`], the fused kernel whose
+    /// ring never wraps: the selftest's reference for the wrapping one).
+    pub fn with_ring(
+        kernel: Kernel,
+        shape: &Shape,
+        ranks: usize,
+        gran: usize,
+        ring: RingSizing,
+    ) -> Result<Self> {
+        shape.validate(ranks)?;
+        rules::check_gran(shape, gran)?;
         // The split layer pads each expert's segment to whole slots.
         let spec = BufferSpec::for_shape(ranks, shape, ring.t_cap, SLOT_ROWS);
         spec.validate()?;
@@ -177,21 +190,40 @@ impl SymmetricLayout {
     }
 }
 
-/// The fused kernel's buffer: inputs, the L1 input and output rings with their slot flags, the
-/// combine area, between the shared signal regions and the error record.
+/// Bytes of one m-block's entry in the plan (expert, first row, rows, pad: u32 each), of one
+/// stream segment (kind, first block, blocks, first task) and of one block's counters (rows
+/// pulled, L1 and L2 warpgroup-tasks done, pad).
+pub const PLAN_ENTRY_BYTES: usize = 16;
+
+/// Most m-blocks of 128 rows one call of a fused buffer can have.
+pub fn fused_max_blocks(shape: &Shape, ranks: usize, t_cap: usize) -> usize {
+    rules::worst_case_blocks(shape, ranks, t_cap, SLOT_ROWS).max(1)
+}
+
+/// Most stream segments (one kind of task over one unit) a call can have: two per unit, and an
+/// expert's blocks make at most blocks / 8 + 1 units.
+pub fn fused_max_segments(shape: &Shape, ranks: usize, t_cap: usize) -> usize {
+    let local = shape.local_experts(ranks);
+    2 * (local + fused_max_blocks(shape, ranks, t_cap) / rules::UNIT_BLOCKS + 1)
+}
+
+/// The fused kernel's buffer (megamoe-layer's device/megamoe_layer/impls/fused_params.cuh):
+/// the call's inputs and published routing (peers read them), the ring, the call's plan and
+/// block counters (private to the rank), the combine rows (peers write them), between the
+/// shared signal regions and the error record.
 fn fused_regions(
     shape: &Shape,
     ranks: usize,
     ring: &RingSizing,
     gran: usize,
 ) -> (Vec<Region>, usize) {
-    let (h, i, k, r) = (shape.hidden, shape.inter, shape.topk, ranks);
+    let (h, i, k, e) = (shape.hidden, shape.inter, shape.topk, shape.experts);
     let (t, rows, local) = (ring.t_cap, ring.ring_rows, shape.local_experts(ranks));
-    let slots = rows / SLOT_ROWS;
-    let table_entries = ring.pool_rows / MIN_BLOCK_M;
+    let blocks = fused_max_blocks(shape, ranks, t);
+    let segments = fused_max_segments(shape, ranks, t);
     let mut c = Regions::default();
     push_signals(&mut c);
-    let parts: [(&'static str, String, usize); 14] = [
+    let parts: [(&'static str, String, usize); 19] = [
         (
             "x",
             format!("e4m3 [{t}, {h}]: input tokens, pulled by peers"),
@@ -206,25 +238,22 @@ fn fused_regions(
         ("topk_weights", format!("f32 [{t}, {k}]"), t * k * 4),
         (
             "counts",
-            format!(
-                "u32 [{r}, {}]: rows per local expert and (T, bound), from each source",
-                local + 2
-            ),
-            r * (local + 2) * 4,
+            format!("u32 [{e} + 2]: this call's rows per expert, then T and the bound"),
+            (e + 2) * 4,
         ),
         (
-            "slot_flags",
-            format!("u32 [2, {slots}, 3]: arrived, L1-full, L2-empty per slot, two parity banks"),
-            slots * SLOT_FLAG_BYTES as usize,
+            "send_list",
+            format!("u32 [{e}, {t}]: the slots t·K + k routed to each expert"),
+            e * t * 4,
         ),
         (
             "l1_pool",
-            format!("e4m3 [{rows}, {h}]: pulled rows"),
+            format!("e4m3 [{rows}, {h}]: the ring's pulled rows"),
             rows * h,
         ),
         (
             "l1_pool_scales",
-            format!("f32 [{rows}, {}]", h / 128),
+            format!("f32 [{}, {rows}]: group-major", h / 128),
             rows * (h / 128) * 4,
         ),
         (
@@ -234,28 +263,56 @@ fn fused_regions(
         ),
         (
             "l2_pool_scales",
-            format!("f32 [{rows}, {}]: per {gran} columns", i / gran),
+            format!(
+                "f32 [{}, {rows}]: per {gran} columns, group-major",
+                i / gran
+            ),
             rows * (i / gran) * 4,
         ),
         (
-            "row_info",
-            format!("[{rows}] x 16 B: source token, rank, slot, weight"),
-            rows * ROW_INFO_BYTES as usize,
+            "ring_weights",
+            format!("f32 [{rows}]: each ring row's routing weight"),
+            rows * 4,
         ),
         (
-            "tile_table",
-            format!("[{table_entries}] x 16 B: m-blocks of the call"),
-            table_entries * TILE_ENTRY_BYTES as usize,
+            "row_dest",
+            format!("u32 [{rows}, 2]: each ring row's source rank and slot"),
+            rows * 8,
+        ),
+        (
+            "plan",
+            "u32 [4]: blocks, segments, tasks, status".into(),
+            16,
+        ),
+        (
+            "src_base",
+            format!("u32 [{local}, {ranks}]: where each source's rows start in an expert"),
+            local * ranks * 4,
+        ),
+        (
+            "blocks",
+            format!("[{blocks}] x 16 B: the call's m-blocks"),
+            blocks * PLAN_ENTRY_BYTES,
+        ),
+        (
+            "segments",
+            format!("[{segments}] x 16 B: the call's task stream"),
+            segments * PLAN_ENTRY_BYTES,
+        ),
+        (
+            "block_flags",
+            format!("[{blocks}] x 16 B: rows pulled, L1 and L2 tasks done"),
+            blocks * PLAN_ENTRY_BYTES,
+        ),
+        (
+            "grid_barrier",
+            "u64: the persistent launch's grid barrier".into(),
+            8,
         ),
         (
             "combine",
             format!("bf16 [{t}, {k}, {h}]: L2 rows scattered back by the experts' ranks"),
             t * k * h * 2,
-        ),
-        (
-            "grid_barrier",
-            "the persistent launch's grid barrier".into(),
-            64,
         ),
     ];
     for (name, what, bytes) in parts {

@@ -154,6 +154,19 @@ impl RingSizing {
         }
     }
 
+    /// The full pool at `t_max` tokens per rank, whatever the token count: a ring that never
+    /// wraps.
+    pub fn full_pool(shape: &Shape, ranks: usize, t_max: usize) -> Self {
+        let t_cap = align_tokens(t_max);
+        let pool_rows = pool_rows(shape, ranks, t_cap);
+        RingSizing {
+            t_cap,
+            pool_rows,
+            lag_units: 0,
+            ring_rows: pool_rows,
+        }
+    }
+
     /// Whether the ring is the whole pool (it never wraps).
     pub fn is_full_pool(&self) -> bool {
         self.ring_rows >= self.pool_rows
@@ -178,12 +191,21 @@ pub struct CallOrder {
     pub ring_slots: usize,
 }
 
+/// Ring slots a call keeps free beyond what its lag needs: two units. The stream hands out the
+/// last L2 task of the slot's previous block before the pull of the next block is due, but a
+/// handed-out task still runs for a while (a wave of tasks is in flight across the SMs, about
+/// 132 / 16 = 8 blocks' worth on flash); without slack the L1 tasks of that block wait for it
+/// (measured: docs/PERF.md, fused v1 → v2).
+pub const RING_SLACK_BLOCKS: usize = 2 * UNIT_BLOCKS;
+
 /// Chooses the order of a call at `bound` tokens per rank on a buffer sized by `ring`.
 ///
-/// The call's lag is the rule's lag at the bound, never more than the buffer's; its ring holds
-/// that lag's rows (never more than the buffer's). A single wave is taken when the worst case
-/// at the bound fits those rows: lagging would then recycle nothing. This reproduces the seed's
-/// choice on flash with an 8192-token buffer (single wave up to 256 tokens, lag 14 from 512).
+/// The call uses the buffer's whole ring. A single wave is taken when the worst case at the
+/// bound fits it (lagging would then recycle nothing); otherwise the lag is the rule's at the
+/// bound, lowered where needed so that the ring keeps [`RING_SLACK_BLOCKS`] free beyond
+/// [`ring_slots`] of the lag. On flash with an 8192-token buffer: a single wave up to 512 tokens
+/// (the seed lags from 512, in a ring cut to its lag's slots), lag 14 at 1024, 27 at 8192 (the
+/// seed's 29 leaves no slack).
 pub fn call_order(
     shape: &Shape,
     ranks: usize,
@@ -191,24 +213,22 @@ pub fn call_order(
     bound: usize,
     block_m: usize,
 ) -> CallOrder {
-    if ring.is_full_pool() {
+    let slots = ring.ring_rows / block_m;
+    if ring.is_full_pool() || worst_case_blocks(shape, ranks, bound, block_m) <= slots {
         return CallOrder {
             order: Order::SingleWave,
-            ring_slots: ring.ring_rows / block_m,
+            ring_slots: slots,
         };
     }
-    let lag = lag_units(units(shape, ranks, bound.max(1))).min(ring.lag_units);
-    let call_rows = (ring_slots(lag) * SLOT_ROWS).min(ring.ring_rows);
-    if worst_case_blocks(shape, ranks, bound, block_m) <= call_rows / block_m {
-        CallOrder {
-            order: Order::SingleWave,
-            ring_slots: call_rows / block_m,
-        }
-    } else {
-        CallOrder {
-            order: Order::Lagged { lag_units: lag },
-            ring_slots: ring_slots(lag).min(ring.ring_rows / block_m),
-        }
+    // The largest lag with ring_slots(lag) + slack <= slots.
+    let fits = (slots.saturating_sub(PULL_AHEAD_BLOCKS + RING_SLACK_BLOCKS) / UNIT_BLOCKS)
+        .saturating_sub(GROUP_UNITS);
+    let lag = lag_units(units(shape, ranks, bound.max(1)))
+        .min(ring.lag_units)
+        .min(fits);
+    CallOrder {
+        order: Order::Lagged { lag_units: lag },
+        ring_slots: slots,
     }
 }
 
@@ -314,17 +334,22 @@ mod tests {
         let flash = shape("flash");
         let r = RingSizing::new(&flash, 8, 8192);
         assert_eq!(call_order(&flash, 8, &r, 256, 128).order, Order::SingleWave);
+        // The seed lags from 512 tokens (lag 14 in a ring cut to that lag's 148 slots); the call
+        // here keeps the buffer's 268 slots, which hold 512 tokens' worst case whole.
+        assert_eq!(call_order(&flash, 8, &r, 512, 128).order, Order::SingleWave);
         assert_eq!(
-            call_order(&flash, 8, &r, 512, 128).order,
+            call_order(&flash, 8, &r, 1024, 128).order,
             Order::Lagged { lag_units: 14 }
         );
+        // The buffer's lag (29) lowered to keep two units of slack in its 268 slots.
         assert_eq!(
             call_order(&flash, 8, &r, 8192, 128),
             CallOrder {
-                order: Order::Lagged { lag_units: 29 },
+                order: Order::Lagged { lag_units: 27 },
                 ring_slots: 268
             }
         );
+        assert!(ring_slots(27) + RING_SLACK_BLOCKS <= 268);
     }
 
     #[test]

@@ -118,8 +118,7 @@ pub struct StreamParams {
     pub n_blocks_l2: usize,
     /// Ring capacity in blocks; block b uses slot b mod ring_slots.
     pub ring_slots: usize,
-    /// Blocks the pull runs ahead of the L1 frontier ([`PULL_AHEAD_BLOCKS`]; unbounded in a
-    /// single wave, which recycles nothing).
+    /// Blocks the pull runs ahead of the L1 frontier ([`PULL_AHEAD_BLOCKS`]).
     pub pull_ahead: usize,
     /// The split kernel: no L2 task starts before every L1 task of the rank is done.
     pub kernel_boundary: bool,
@@ -140,10 +139,9 @@ impl StreamParams {
             n_blocks_l1: n_l1,
             n_blocks_l2: n_l2,
             ring_slots,
-            pull_ahead: match order {
-                Order::SingleWave => usize::MAX,
-                Order::Lagged { .. } => PULL_AHEAD_BLOCKS,
-            },
+            // In either order: a single wave that pulled every block at once measured slower
+            // (docs/PERF.md, fused v3), the burst of rows competing with the L1 tiles.
+            pull_ahead: PULL_AHEAD_BLOCKS,
             kernel_boundary: false,
         }
     }

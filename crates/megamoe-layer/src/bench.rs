@@ -1,8 +1,8 @@
-//! `megamoe bench layer`: the layer's device time against its floor and against our two grouped
-//! GEMMs alone on the same routing (SPEC §8): per token count, arms interleaved in rounds (A B,
-//! B A, A B), CUDA events around each call on every rank's stream (the slowest rank counts),
-//! median of `iters` calls per arm and round, the median over rounds and the band of per-round
-//! ratios.
+//! `megamoe bench layer`: the layer's device time, split and fused, against its floor and
+//! against our two grouped GEMMs alone on the same routing (SPEC §8): per token count, arms
+//! interleaved in rounds (A B C, C B A, A B C, ...), CUDA events around each call on every
+//! rank's stream (the slowest rank counts), median of `iters` calls per arm and round, the
+//! median over rounds and the band of per-round ratios.
 
 use megamoe_core::floor::floor_seconds;
 use megamoe_core::routing::{generate_world, RoutingSpec};
@@ -10,8 +10,9 @@ use megamoe_core::{Shape, WeightGen};
 use megamoe_cuda::bench::Stats;
 
 use crate::error::Result;
+use crate::fused::FusedLayer;
 use crate::inputs::{fp8_inputs, quantize_inputs};
-use crate::spec::LayerSpec;
+use crate::spec::{Kind, LayerSpec};
 use crate::split::{Phase, SplitLayer};
 
 /// What to measure.
@@ -26,6 +27,8 @@ pub struct LayerBench {
     pub iters: usize,
     /// Blocks per rank for dispatch and combine (None: the layer's default).
     pub comm_sms: Option<usize>,
+    /// Whether the fused arm runs beside the split one.
+    pub fused: bool,
 }
 
 /// One measured cell.
@@ -40,12 +43,24 @@ pub struct LayerRow {
     /// Band of per-round split / GEMMs ratios.
     pub ratio_min: f64,
     pub ratio_max: f64,
+    /// The fused layer, median over rounds, µs, and the band of its per-round ratio to split.
+    pub fused: Option<FusedCell>,
     /// max(FLOPs / peak, weight bytes of the experts that receive rows / HBM), µs.
     pub floor_us: f64,
     /// Valid-slot TFLOP/s of the split layer.
     pub tflops: f64,
     /// Each phase launched alone (after the rounds), median µs, in [`Phase::ALL`] order.
     pub phases_us: [f64; 4],
+}
+
+/// The fused arm of one cell.
+#[derive(Clone, Copy, Debug)]
+pub struct FusedCell {
+    pub us: f64,
+    pub ratio_min: f64,
+    pub ratio_max: f64,
+    /// The call's order: lag in units (None: a single wave).
+    pub lag_units: Option<usize>,
 }
 
 /// Runs every cell.
@@ -56,6 +71,15 @@ pub fn run(b: &LayerBench, progress: &dyn Fn(&str)) -> Result<Vec<LayerRow>> {
     let gen = WeightGen::new(b.shape, b.routing.seed);
     progress("generating and loading the weights");
     let mut layer = SplitLayer::new(spec, |r| gen.rank_fp8(r, b.ranks))?;
+    let mut fused = if b.fused {
+        let spec = LayerSpec {
+            kind: Kind::Fused,
+            ..spec
+        };
+        Some(FusedLayer::new(spec, |r| gen.rank_fp8(r, b.ranks))?)
+    } else {
+        None
+    };
     let mut rows = Vec::new();
     for &tokens in &b.tokens {
         progress(&format!("{tokens} tokens per rank"));
@@ -67,15 +91,32 @@ pub fn run(b: &LayerBench, progress: &dyn Fn(&str)) -> Result<Vec<LayerRow>> {
         layer.launch(&staged)?;
         layer.finish()?;
         let gemms = layer.gemms_only(&staged)?;
+        let fused_staged = match fused.as_mut() {
+            Some(f) => {
+                // The bound of the call (a serving engine passes its batch's): the order and
+                // ring of this token count, not of the buffer's capacity.
+                let st = f.stage(&inputs, Some(tokens))?;
+                f.launch(&st)?;
+                f.finish()?;
+                Some(st)
+            }
+            None => None,
+        };
         let mut split = Vec::new();
         let mut alone = Vec::new();
+        let mut fused_ms = Vec::new();
         for round in 0..b.rounds {
-            // A B, B A, A B, ...
-            for arm in if round % 2 == 0 { [0, 1] } else { [1, 0] } {
-                if arm == 0 {
-                    split.push(time(&mut layer, b.iters, |l| l.launch(&staged))?);
-                } else {
-                    alone.push(time(&mut layer, b.iters, |l| gemms.launch(l))?);
+            // A B C, C B A, A B C, ...
+            let arms = if round % 2 == 0 { [0, 1, 2] } else { [2, 1, 0] };
+            for arm in arms {
+                match arm {
+                    0 => split.push(time(&mut layer, b.iters, |l| l.launch(&staged))?),
+                    1 => alone.push(time(&mut layer, b.iters, |l| gemms.launch(l))?),
+                    _ => {
+                        if let (Some(f), Some(st)) = (fused.as_mut(), fused_staged.as_ref()) {
+                            fused_ms.push(time(f, b.iters, |f| f.launch(st))?);
+                        }
+                    }
                 }
             }
         }
@@ -98,7 +139,17 @@ pub fn run(b: &LayerBench, progress: &dyn Fn(&str)) -> Result<Vec<LayerRow>> {
         // Every rank does 1/R of the work at once.
         let floor_s = floor_seconds(flops / b.ranks as f64, weight_bytes / b.ranks as f64, 0.0);
         let split_us = Stats::of(&split).median_ms * 1e3;
+        let fused_cell = fused_staged.map(|st| {
+            let r: Vec<f64> = fused_ms.iter().zip(&split).map(|(f, s)| f / s).collect();
+            FusedCell {
+                us: Stats::of(&fused_ms).median_ms * 1e3,
+                ratio_min: r.iter().copied().fold(f64::INFINITY, f64::min),
+                ratio_max: r.iter().copied().fold(0.0, f64::max),
+                lag_units: st.lag_units(),
+            }
+        });
         rows.push(LayerRow {
+            fused: fused_cell,
             tokens,
             valid_slots,
             split_us,
@@ -124,25 +175,68 @@ fn experts_receiving(topk_idx: &[i32], experts: usize) -> usize {
     hit.iter().filter(|&&h| h).count()
 }
 
+/// A layer whose calls the benchmark times: its ranks' GPUs and the wait that closes a batch.
+trait Timed {
+    fn gpus(&self) -> Vec<megamoe_cuda::Gpu>;
+    fn finish_calls(&mut self) -> Result<()>;
+}
+
+impl Timed for SplitLayer {
+    fn gpus(&self) -> Vec<megamoe_cuda::Gpu> {
+        (0..self.spec.ranks).map(|r| self.gpu(r).clone()).collect()
+    }
+    fn finish_calls(&mut self) -> Result<()> {
+        self.finish()
+    }
+}
+
+impl Timed for FusedLayer {
+    fn gpus(&self) -> Vec<megamoe_cuda::Gpu> {
+        (0..self.spec.ranks).map(|r| self.gpu(r).clone()).collect()
+    }
+    fn finish_calls(&mut self) -> Result<()> {
+        self.finish()
+    }
+}
+
 /// Median over `iters` calls (after two warm-up calls) of the slowest rank's device time, ms.
-fn time(
-    layer: &mut SplitLayer,
+fn time<L: Timed>(
+    layer: &mut L,
     iters: usize,
-    mut call: impl FnMut(&mut SplitLayer) -> Result<()>,
+    mut call: impl FnMut(&mut L) -> Result<()>,
 ) -> Result<f64> {
-    let timers = (0..layer.spec.ranks)
-        .map(|r| layer.gpu(r).timer())
+    let gpus = layer.gpus();
+    let layer = std::cell::RefCell::new(layer);
+    median_ms(
+        &gpus,
+        iters,
+        || call(&mut layer.borrow_mut()),
+        || layer.borrow_mut().finish_calls(),
+    )
+}
+
+/// Median over `iters` calls of `call` (after two warm-up calls, each batch closed by
+/// `finish`) of the slowest rank's device time, ms.
+fn median_ms(
+    gpus: &[megamoe_cuda::Gpu],
+    iters: usize,
+    mut call: impl FnMut() -> Result<()>,
+    mut finish: impl FnMut() -> Result<()>,
+) -> Result<f64> {
+    let timers = gpus
+        .iter()
+        .map(|g| g.timer())
         .collect::<std::result::Result<Vec<_>, _>>()?;
     for _ in 0..2 {
-        call(layer)?;
+        call()?;
     }
-    layer.finish()?;
+    finish()?;
     let mut samples = Vec::with_capacity(iters);
     for _ in 0..iters {
         for t in &timers {
             t.start()?;
         }
-        call(layer)?;
+        call()?;
         for t in &timers {
             t.stop()?;
         }
@@ -152,6 +246,6 @@ fn time(
         }
         samples.push(slowest);
     }
-    layer.finish()?;
+    finish()?;
     Ok(Stats::of(&samples).median_ms)
 }

@@ -21,6 +21,10 @@ pub enum LayerError {
     /// One of the expert GEMMs.
     #[error(transparent)]
     Gemm(#[from] megamoe_gemm::GemmError),
+    /// A call every rank's kernel rejected on the device (for the fused kind, bounds that
+    /// differ between ranks); nothing was computed and the layer stays usable.
+    #[error("rank {rank}: the call was rejected on the device: {reason}")]
+    Rejected { rank: usize, reason: String },
     /// The GPU runtime: no GPU or library, a failed driver call.
     #[error(transparent)]
     Runtime(#[from] megamoe_cuda::Error),

@@ -1,12 +1,14 @@
-//! Device sources of the layer (embedded), the L1 kernel's parameter struct and the
-//! configurations the layer runs. The L1 kernel is the grouped GEMM of megamoe-gemm with the
-//! SwiGLU + weight + re-quantization epilogue of device/megamoe_layer/epilogue/; the L2 kernel
-//! is megamoe-gemm's own (bf16 rows through TMA stores).
+//! Device sources of the layer (embedded), the kernels' parameter structs and the
+//! configurations the layer runs. The split L1 kernel is the grouped GEMM of megamoe-gemm with
+//! the SwiGLU + weight + re-quantization epilogue of device/megamoe_layer/epilogue/; the split
+//! L2 kernel is megamoe-gemm's own (bf16 rows through TMA stores). The fused kernel
+//! (device/megamoe_layer/impls/fused.cuh) runs the same mainloop and epilogue pieces over one
+//! ring of stages.
 
 use megamoe_cuda::jit::Headers;
 use megamoe_cuda::{KernelSpec, Pod};
 use megamoe_gemm::heuristics::{max_stages, GemmConfig, GemmProblem, Layout, OutDtype};
-use megamoe_gemm::params::GroupedGemmParams;
+use megamoe_gemm::params::{GroupedGemmParams, MainloopParams};
 
 use crate::spec::POOL_PAD;
 
@@ -14,8 +16,15 @@ use crate::spec::POOL_PAD;
 pub const HEADERS: Headers = megamoe_cuda::header_set!(
     "device",
     [
+        "megamoe_layer/comm/combine.cuh",
+        "megamoe_layer/comm/flags.cuh",
+        "megamoe_layer/comm/pull.cuh",
+        "megamoe_layer/epilogue/scatter_rows.cuh",
         "megamoe_layer/epilogue/swiglu_quant.cuh",
+        "megamoe_layer/impls/fused.cuh",
+        "megamoe_layer/impls/fused_params.cuh",
         "megamoe_layer/impls/split_l1.cuh",
+        "megamoe_layer/scheduler/task_stream.cuh",
     ]
 );
 
@@ -54,6 +63,122 @@ const _: () = assert!(std::mem::offset_of!(SwigluQuant, clamp) == 40);
 // SAFETY: plain data (tensor maps, integers, a float), sizes and offsets asserted above and in
 // split_l1.cuh.
 unsafe impl Pod for SplitL1Params {}
+
+/// Where a fused call's data lives (device: `megamoe::layer::FusedRegions`): byte offsets of
+/// megamoe-core's fused `SymmetricLayout`, the same in every rank's buffer, and the call's
+/// sizes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FusedRegions {
+    pub peer_base: [u64; 8],
+    pub off_epochs: u64,
+    pub off_signals: u64,
+    pub off_error: u64,
+    pub off_x: u64,
+    pub off_x_scales: u64,
+    pub off_topk_idx: u64,
+    pub off_topk_weights: u64,
+    pub off_counts: u64,
+    pub off_send_list: u64,
+    pub off_l1_pool: u64,
+    pub off_l1_scales: u64,
+    pub off_ring_weights: u64,
+    pub off_row_dest: u64,
+    pub off_plan: u64,
+    pub off_src_base: u64,
+    pub off_blocks: u64,
+    pub off_segments: u64,
+    pub off_block_flags: u64,
+    pub off_grid_barrier: u64,
+    pub off_combine: u64,
+    /// bf16 `[T, H]` output (local).
+    pub y: u64,
+    pub wait_record: u64,
+    pub deadline_ns: u64,
+    /// megamoe-core's `PULL_AHEAD_BLOCKS`: the pull of block b waits until the first L1 task of
+    /// block b − pull_ahead is handed out.
+    pub pull_ahead: u64,
+    pub rank: i32,
+    pub ranks: i32,
+    pub hidden: i32,
+    pub inter: i32,
+    pub experts: i32,
+    pub topk: i32,
+    pub t_cap: i32,
+    pub tokens: i32,
+    pub bound: i32,
+    pub ring_rows: i32,
+    pub ring_slots: i32,
+    /// 0: a single wave; else the lag of L2 behind L1 in units.
+    pub lag_units: i32,
+    pub n1: i32,
+    pub n2: i32,
+    pub max_blocks: i32,
+    pub max_segments: i32,
+}
+
+/// The fused kernel's one parameter struct (device: `megamoe::layer::FusedParams`).
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug)]
+pub struct FusedParams {
+    pub l1: MainloopParams,
+    pub l2: MainloopParams,
+    pub swiglu: SwigluQuant,
+    pub r: FusedRegions,
+}
+
+const _: () = assert!(std::mem::size_of::<FusedRegions>() == 32 * 8 + 16 * 4);
+const _: () = assert!(std::mem::offset_of!(FusedRegions, y) == 8 * (8 + 20));
+const _: () = assert!(std::mem::offset_of!(FusedRegions, rank) == 256);
+const _: () = assert!(std::mem::offset_of!(FusedRegions, max_segments) == 316);
+const _: () = assert!(std::mem::size_of::<FusedParams>() == 448 * 2 + 64 + 320);
+const _: () = assert!(std::mem::offset_of!(FusedParams, swiglu) == 896);
+const _: () = assert!(std::mem::offset_of!(FusedParams, r) == 960);
+// SAFETY: plain data (tensor maps, integers, floats), sizes and offsets asserted above and in
+// fused_params.cuh.
+unsafe impl Pod for FusedParams {}
+
+/// Error codes the fused kernel leaves in its buffer's error record (device: `FusedError`).
+pub const FUSED_BAD_BOUND: u32 = 4;
+pub const FUSED_RING_OVERFLOW: u32 = 5;
+
+/// Threads of the fused kernel: two consumer warpgroups, the producer and pull warpgroup.
+pub const FUSED_THREADS: u32 = 384;
+
+/// The fused kernel's ring depth for G: the deepest that fits beside a stage's scales.
+pub fn fused_stages(group: usize) -> usize {
+    max_stages(128, 256, group.min(128))
+}
+
+/// The fused kernel's translation unit for G.
+pub fn fused_spec(group: usize) -> KernelSpec {
+    let stages = fused_stages(group);
+    let name = format!("layer_fused_s{stages}_g{group}");
+    let source = format!(
+        "#include <megamoe_layer/impls/fused.cuh>\n\
+         extern \"C\" __global__ void __launch_bounds__({FUSED_THREADS}, 1)\n\
+         {name}(const __grid_constant__ megamoe::layer::FusedParams p) {{\n\
+         \x20   megamoe::layer::fused_moe<{stages}, {group}>(p);\n\
+         }}\n",
+    );
+    KernelSpec {
+        name: name.clone(),
+        entry: name,
+        source,
+        headers: vec![
+            megamoe_gemm::kernel::HEADERS,
+            megamoe_ep::params::HEADERS,
+            HEADERS,
+        ],
+        options: vec![],
+    }
+}
+
+/// Dynamic shared memory of the fused kernel: the GEMM's plan for its stages, plus the 1 KiB
+/// alignment slack.
+pub fn fused_smem_bytes(group: usize) -> usize {
+    megamoe_gemm::heuristics::smem_bytes(128, 256, fused_stages(group), group.min(128)) + 1024
+}
 
 /// The L1 GEMM's problem over the pool: N = 2I (gate and up interleaved), K = H.
 pub fn l1_problem(
@@ -117,7 +242,11 @@ pub fn split_l1_spec(config: &GemmConfig) -> KernelSpec {
 
 /// Registry hook: every kernel configuration this crate launches.
 pub fn kernel_specs() -> Vec<KernelSpec> {
-    vec![split_l1_spec(&l1_config(132))]
+    vec![
+        split_l1_spec(&l1_config(132)),
+        fused_spec(128),
+        fused_spec(64),
+    ]
 }
 
 #[cfg(test)]

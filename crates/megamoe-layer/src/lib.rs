@@ -3,6 +3,10 @@
 //!
 //! - [`LayerSpec`]: shape, ranks, T_max, G, clamp; [`LayerSpec::bytes`] is the size query (no
 //!   GPU needed).
+//! - [`MoeLayer`]: the layer of the spec's kind, [`FusedLayer`] (the default: one persistent
+//!   launch per rank, SPEC §4 fused) or [`SplitLayer`].
+//! - [`FusedLayer`]: pull, both GEMMs over a ring and the combine in one kernel, the task stream
+//!   of megamoe-core's planner; CUDA-graph capture with new inputs on replay.
 //! - [`SplitLayer`]: the split form on a world of real or virtual ranks: one-time weight load
 //!   (W1's gate and up blocks interleaved, [`weights`]), [`SplitLayer::forward`] with bf16 or
 //!   e4m3 input, every input checked before anything is written, the cumulative per-expert
@@ -16,13 +20,17 @@
 //!   JIT ([`kernel::kernel_specs`]).
 pub mod bench;
 pub mod error;
+pub mod fused;
 pub mod inputs;
 pub mod kernel;
+pub mod layer;
 pub mod selftest;
 pub mod spec;
 pub mod split;
 pub mod weights;
 
 pub use error::{LayerError, Result};
+pub use fused::{FusedGraph, FusedLayer, FusedStaged};
+pub use layer::MoeLayer;
 pub use spec::{Kind, LayerBytes, LayerSpec};
 pub use split::{Activations, RankInput, SplitLayer, Staged};

@@ -1,8 +1,12 @@
-//! The GPU checks of the layer (for `megamoe selftest`): the output against megamoe-core's CPU
-//! reference (SPEC §3: diff ≤ 1e-4) on fresh generated batches of every SPEC §8 routing, the
-//! output bits across runs and across R = 1, 2, 4, 8 (virtual ranks) on the same global batch,
-//! bf16 input against the same input quantized on the host, and bad input rejected with nothing
-//! written.
+//! The GPU checks of the layer (for `megamoe selftest`), for both kinds: the output against
+//! megamoe-core's CPU reference (SPEC §3: diff ≤ 1e-4) on fresh generated batches of every SPEC
+//! §8 routing, the output bits across runs and across R = 1, 2, 4, 8 (virtual ranks) on the same
+//! global batch, bf16 input against the same input quantized on the host, bad input rejected with
+//! nothing written, non-finite input kept to its token. The fused kind besides: its bits equal
+//! to the split kind's on every batch, four calls on one buffer whose ring wraps with skewed
+//! routing in between, bounds that differ between ranks or fall below a rank's T rejected on
+//! every rank, a rank that never launches reported by the others within the deadline (and a new
+//! layer correct afterwards), and a captured graph replayed on new inputs.
 
 use half::bf16;
 use megamoe_core::preset::Shape;
@@ -11,9 +15,11 @@ use megamoe_core::{diff, fused_layer, LayerOptions, Preset, WeightGen, WorldInpu
 
 use megamoe_cuda::selftest::Check;
 
+use crate::fused::FusedLayer;
 use crate::inputs::{bf16_inputs, fp8_inputs, quantize_inputs, spec_for};
-use crate::spec::LayerSpec;
-use crate::split::{Activations, RankInput, SplitLayer};
+use crate::layer::MoeLayer;
+use crate::spec::{Kind, LayerSpec};
+use crate::split::{Activations, RankInput};
 
 /// The contract's bound on the GPU output's distance to the CPU reference (SPEC §3).
 pub const MAX_DIFF: f64 = 1e-4;
@@ -44,16 +50,20 @@ fn err(e: impl std::fmt::Display) -> String {
     e.to_string()
 }
 
-/// Builds the split layer for `world` (T_max = the world's largest T, at least 1) with the
+/// Builds the layer of `kind` for `world` (T_max = the world's largest T, at least 1) with the
 /// seeded weights, and runs it on bf16 input.
 fn run_layer(
+    kind: Kind,
     world: &WorldInputs,
     gen: &WeightGen,
     options: &LayerOptions,
 ) -> Result<Vec<Vec<bf16>>, String> {
     let ranks = world.num_ranks();
-    let mut layer =
-        SplitLayer::new(spec_for(world, options), |r| gen.rank_fp8(r, ranks)).map_err(err)?;
+    let spec = LayerSpec {
+        kind,
+        ..spec_for(world, options)
+    };
+    let mut layer = MoeLayer::new(spec, |r| gen.rank_fp8(r, ranks)).map_err(err)?;
     layer.forward(&bf16_inputs(world), None).map_err(err)
 }
 
@@ -61,6 +71,7 @@ fn run_layer(
 /// run, the all-masked tokens (exactly 0) and, for `ranks > 1`, the bits of the same global
 /// batch on one rank.
 fn against_reference(
+    layer_kind: Kind,
     preset: &'static str,
     experts: Option<usize>,
     ranks: usize,
@@ -69,7 +80,8 @@ fn against_reference(
     clamp: Option<f32>,
 ) -> Check {
     let name = format!(
-        "layer split {preset}{} R={ranks} T={tokens} {kind}{}",
+        "layer {} {preset}{} R={ranks} T={tokens} {kind}{}",
+        layer_kind.name(),
         experts.map_or(String::new(), |e| format!("/{e}")),
         clamp.map_or(String::new(), |c| format!(" clamp {c}"))
     );
@@ -84,14 +96,14 @@ fn against_reference(
             let mut options = LayerOptions::for_shape(&shape);
             options.clamp = clamp;
             let want = fused_layer(&world, &gen, &options, &|_, _| {}).map_err(err)?;
-            let got = run_layer(&world, &gen, &options)?;
+            let got = run_layer(layer_kind, &world, &gen, &options)?;
             let d = diff::diff_bf16(&got, &want);
             if d.is_nan() || d > MAX_DIFF {
                 return Err(format!(
                     "diff {d:.3e} against the CPU reference (bound {MAX_DIFF:.0e})"
                 ));
             }
-            let again = run_layer(&world, &gen, &options)?;
+            let again = run_layer(layer_kind, &world, &gen, &options)?;
             if diff::output_hash(&again) != diff::output_hash(&got) {
                 return Err("a second run gave other bits".into());
             }
@@ -122,7 +134,7 @@ fn against_reference(
             );
             if ranks > 1 && kind != "uneven" {
                 let one = generate_world(shape, 1, tokens * ranks, &spec).map_err(err)?;
-                let single = run_layer(&one, &gen, &options)?;
+                let single = run_layer(layer_kind, &one, &gen, &options)?;
                 let flat: Vec<bf16> = got.concat();
                 if single[0] != flat {
                     return Err(format!(
@@ -131,6 +143,12 @@ fn against_reference(
                 }
                 note += ", bits equal to R = 1";
             }
+            if layer_kind == Kind::Fused {
+                if run_layer(Kind::Split, &world, &gen, &options)? != got {
+                    return Err("the fused and the split layer differ".into());
+                }
+                note += ", bits equal to split";
+            }
             Ok(note)
         }),
     }
@@ -138,18 +156,21 @@ fn against_reference(
 
 /// bf16 input quantized by the layer against the same input quantized on the host and passed as
 /// e4m3 + scales: the same bits; and the cumulative per-expert counts after two calls.
-fn fp8_input() -> Check {
+fn fp8_input(kind: Kind) -> Check {
     Check {
-        name: "layer split tiny R=2 fp8 input".into(),
-        run: Box::new(|| {
+        name: format!("layer {} tiny R=2 fp8 input", kind.name()),
+        run: Box::new(move || {
             let shape = shape("tiny", None);
             let world = generate_world(shape, 2, 96, &routing("uniform", 7)).map_err(err)?;
             let gen = WeightGen::new(shape, 7);
             let options = LayerOptions::for_shape(&shape);
-            let from_bf16 = run_layer(&world, &gen, &options)?;
+            let from_bf16 = run_layer(kind, &world, &gen, &options)?;
             let quant = quantize_inputs(&world);
-            let spec = LayerSpec::new(shape, 2, 96);
-            let mut layer = SplitLayer::new(spec, |r| gen.rank_fp8(r, 2)).map_err(err)?;
+            let spec = LayerSpec {
+                kind,
+                ..LayerSpec::new(shape, 2, 96)
+            };
+            let mut layer = MoeLayer::new(spec, |r| gen.rank_fp8(r, 2)).map_err(err)?;
             let inputs = fp8_inputs(&world, &quant);
             let got = layer.forward(&inputs, Some(96)).map_err(err)?;
             if got != from_bf16 {
@@ -177,15 +198,18 @@ fn fp8_input() -> Check {
 
 /// Bad inputs are errors naming the argument, with nothing written: the symmetric input rows
 /// and routing keep their bytes, and the next good call gives the reference bits.
-fn bad_inputs() -> Check {
+fn bad_inputs(kind: Kind) -> Check {
     Check {
-        name: "layer split bad input rejected, nothing written".into(),
-        run: Box::new(|| {
+        name: format!("layer {} bad input rejected, nothing written", kind.name()),
+        run: Box::new(move || {
             let shape = shape("tiny", None);
             let world = generate_world(shape, 2, 32, &routing("uniform", 11)).map_err(err)?;
             let gen = WeightGen::new(shape, 11);
-            let mut layer = SplitLayer::new(LayerSpec::new(shape, 2, 32), |r| gen.rank_fp8(r, 2))
-                .map_err(err)?;
+            let spec = LayerSpec {
+                kind,
+                ..LayerSpec::new(shape, 2, 32)
+            };
+            let mut layer = MoeLayer::new(spec, |r| gen.rank_fp8(r, 2)).map_err(err)?;
             let good = bf16_inputs(&world);
             let want = layer.forward(&good, None).map_err(err)?;
             let before = layer.input_bytes().map_err(err)?;
@@ -296,16 +320,19 @@ fn bad_inputs() -> Check {
 
 /// SPEC §6: a NaN or ±Inf in one token's `x` changes only that token's output; every other
 /// token keeps its bits.
-fn non_finite_input() -> Check {
+fn non_finite_input(kind: Kind) -> Check {
     Check {
-        name: "layer split tiny R=2 NaN/Inf in one token's x".into(),
-        run: Box::new(|| {
+        name: format!("layer {} tiny R=2 NaN/Inf in one token's x", kind.name()),
+        run: Box::new(move || {
             let shape = shape("tiny", None);
             let world = generate_world(shape, 2, 32, &routing("uniform", 13)).map_err(err)?;
             let gen = WeightGen::new(shape, 13);
             let options = LayerOptions::for_shape(&shape);
-            let mut layer =
-                SplitLayer::new(spec_for(&world, &options), |r| gen.rank_fp8(r, 2)).map_err(err)?;
+            let spec = LayerSpec {
+                kind,
+                ..spec_for(&world, &options)
+            };
+            let mut layer = MoeLayer::new(spec, |r| gen.rank_fp8(r, 2)).map_err(err)?;
             let base = layer.forward(&bf16_inputs(&world), None).map_err(err)?;
             let (rank, token, h) = (1, 5, shape.hidden);
             for v in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
@@ -334,25 +361,250 @@ fn non_finite_input() -> Check {
     }
 }
 
+/// Four calls on one fused buffer whose ring is smaller than the pool (lagged order, slots
+/// reused), uniform and skewed routing alternating: each call's bits equal the split layer's
+/// and those of a fused layer whose ring is the full pool (a single wave) on the same batch.
+fn ring_wraps(ranks: usize, tokens: usize) -> Check {
+    Check {
+        name: format!("layer fused tiny R={ranks} T={tokens} ring wraps over 4 calls"),
+        run: Box::new(move || {
+            let shape = shape("tiny", None);
+            let gen = WeightGen::new(shape, 17);
+            let options = LayerOptions::for_shape(&shape);
+            let spec = LayerSpec::new(shape, ranks, tokens);
+            let mut fused = FusedLayer::new(spec, |r| gen.rank_fp8(r, ranks)).map_err(err)?;
+            let mut full_pool =
+                FusedLayer::full_pool(spec, |r| gen.rank_fp8(r, ranks)).map_err(err)?;
+            let mut split = MoeLayer::new(
+                LayerSpec {
+                    kind: Kind::Split,
+                    ..spec
+                },
+                |r| gen.rank_fp8(r, ranks),
+            )
+            .map_err(err)?;
+            let mut notes = Vec::new();
+            for (call, kind) in ["uniform", "zipf", "uniform", "zipf"]
+                .into_iter()
+                .enumerate()
+            {
+                let world = generate_world(shape, ranks, tokens, &routing(kind, 100 + call as u64))
+                    .map_err(err)?;
+                let inputs = bf16_inputs(&world);
+                let staged = fused.stage(&inputs, None).map_err(err)?;
+                let Some(lag) = staged.lag_units() else {
+                    return Err(format!(
+                        "call {call} runs a single wave: the ring of this buffer never wraps"
+                    ));
+                };
+                fused.launch(&staged).map_err(err)?;
+                fused.finish().map_err(err)?;
+                let got = fused.outputs(&staged).map_err(err)?;
+                let want = split.forward(&inputs, None).map_err(err)?;
+                if got != want {
+                    return Err(format!("call {call} ({kind}): fused and split bits differ"));
+                }
+                let staged_full = full_pool.stage(&inputs, None).map_err(err)?;
+                if staged_full.lag_units().is_some() {
+                    return Err("the full-pool layer lags".into());
+                }
+                full_pool.launch(&staged_full).map_err(err)?;
+                full_pool.finish().map_err(err)?;
+                if full_pool.outputs(&staged_full).map_err(err)? != got {
+                    return Err(format!(
+                        "call {call} ({kind}): the ring and the full pool give other bits"
+                    ));
+                }
+                let blocks = (0..ranks)
+                    .map(|r| fused.plan_header(r).map(|h| h[0] as usize))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(err)?;
+                if blocks.iter().all(|&b| b <= staged.ring_slots()) {
+                    return Err(format!(
+                        "call {call}: m-blocks {blocks:?} fit the ring of {}: it never wraps",
+                        staged.ring_slots()
+                    ));
+                }
+                notes.push(format!(
+                    "{kind}: lag {lag}, {blocks:?} blocks in {} slots",
+                    staged.ring_slots()
+                ));
+            }
+            let world = generate_world(shape, ranks, tokens, &routing("zipf", 1)).map_err(err)?;
+            let got = fused.forward(&bf16_inputs(&world), None).map_err(err)?;
+            let want = fused_layer(&world, &gen, &options, &|_, _| {}).map_err(err)?;
+            let d = diff::diff_bf16(&got, &want);
+            if d.is_nan() || d > MAX_DIFF {
+                return Err(format!("diff {d:.3e} against the CPU reference"));
+            }
+            Ok(format!(
+                "{}; bits equal to split and to the full pool; diff {d:.2e}",
+                notes.join(", ")
+            ))
+        }),
+    }
+}
+
+/// Bounds that differ between ranks, or one below a rank's T, reach the device (as from
+/// processes that each checked only their own): every rank's call is rejected, no rank hangs,
+/// and the next good call gives the split layer's bits.
+fn bound_mismatch() -> Check {
+    Check {
+        name: "layer fused tiny R=4 bound mismatch rejected on every rank".into(),
+        run: Box::new(|| {
+            let shape = shape("tiny", None);
+            let ranks = 4;
+            let world = generate_world(shape, ranks, 48, &routing("uniform", 19)).map_err(err)?;
+            let gen = WeightGen::new(shape, 19);
+            let spec = LayerSpec::new(shape, ranks, 64);
+            let mut layer = FusedLayer::new(spec, |r| gen.rank_fp8(r, ranks)).map_err(err)?;
+            let inputs = bf16_inputs(&world);
+            let want = layer.forward(&inputs, Some(48)).map_err(err)?;
+            // Unequal; below a rank's T (48); above the buffer's capacity (T_max 64 → 128).
+            for bounds in [[48, 48, 64, 48], [32; 4], [256; 4]] {
+                let staged = layer.stage_with_bounds(&inputs, &bounds).map_err(err)?;
+                layer.launch(&staged).map_err(err)?;
+                match layer.finish() {
+                    Ok(()) => return Err(format!("bounds {bounds:?} were accepted")),
+                    Err(e)
+                        if !e.to_string().contains("num_tokens_bound")
+                            || !e.to_string().contains("4 of 4 ranks") =>
+                    {
+                        return Err(format!("bounds {bounds:?}: {e}"))
+                    }
+                    Err(_) => {}
+                }
+            }
+            if layer.forward(&inputs, Some(48)).map_err(err)? != want {
+                return Err("the good call after the rejected ones gave other bits".into());
+            }
+            Ok("unequal bounds, a bound below T and one above the capacity rejected on every rank; the layer stays usable".into())
+        }),
+    }
+}
+
+/// A rank that never launches: the others report it (rank and wait) within the deadline, the
+/// layer refuses further calls, and a new layer runs correctly.
+fn missing_rank() -> Check {
+    Check {
+        name: "layer fused tiny R=2 a rank that never arrives".into(),
+        run: Box::new(|| {
+            let shape = shape("tiny", None);
+            let world = generate_world(shape, 2, 32, &routing("uniform", 23)).map_err(err)?;
+            let gen = WeightGen::new(shape, 23);
+            let spec = LayerSpec::new(shape, 2, 32);
+            let deadline = std::time::Duration::from_millis(200);
+            let mut layer =
+                FusedLayer::with_deadline(spec, |r| gen.rank_fp8(r, 2), deadline).map_err(err)?;
+            let inputs = bf16_inputs(&world);
+            let staged = layer.stage(&inputs, None).map_err(err)?;
+            let start = std::time::Instant::now();
+            layer.launch_ranks(&staged, &[true, false]).map_err(err)?;
+            let e = match layer.finish() {
+                Ok(()) => return Err("the call succeeded without rank 1".into()),
+                Err(e) => e.to_string(),
+            };
+            let took = start.elapsed();
+            if !e.contains("rank 0") || !e.contains("routing") {
+                return Err(format!("the error does not name rank 0's wait: {e}"));
+            }
+            if took > 10 * deadline {
+                return Err(format!("reported after {took:?}, deadline {deadline:?}"));
+            }
+            if layer.forward(&inputs, None).is_ok() {
+                return Err("a broken layer accepted another call".into());
+            }
+            drop(layer);
+            let mut fresh = FusedLayer::new(spec, |r| gen.rank_fp8(r, 2)).map_err(err)?;
+            let got = fresh.forward(&inputs, None).map_err(err)?;
+            let want = run_layer(Kind::Split, &world, &gen, &LayerOptions::for_shape(&shape))?;
+            if got != want {
+                return Err("the new layer's output differs from split".into());
+            }
+            Ok(format!(
+                "reported in {:.0} ms: {e}; a new layer is correct",
+                took.as_secs_f64() * 1e3
+            ))
+        }),
+    }
+}
+
+/// A call captured as CUDA graphs and replayed on new inputs of the same sizes gives the bits
+/// of a plain forward of those inputs.
+fn graph_replay() -> Check {
+    Check {
+        name: "layer fused tiny R=2 graph replay with new inputs".into(),
+        run: Box::new(|| {
+            let shape = shape("tiny", None);
+            let gen = WeightGen::new(shape, 29);
+            let spec = LayerSpec::new(shape, 2, 64);
+            let mut layer = FusedLayer::new(spec, |r| gen.rank_fp8(r, 2)).map_err(err)?;
+            let first = generate_world(shape, 2, 64, &routing("uniform", 31)).map_err(err)?;
+            let second = generate_world(shape, 2, 64, &routing("zipf", 37)).map_err(err)?;
+            let want = layer.forward(&bf16_inputs(&second), None).map_err(err)?;
+            let staged = layer.stage(&bf16_inputs(&first), None).map_err(err)?;
+            let graph = layer.capture(&staged).map_err(err)?;
+            layer.replay(&graph, &staged).map_err(err)?;
+            layer.finish().map_err(err)?;
+            let staged2 = layer.stage(&bf16_inputs(&second), None).map_err(err)?;
+            layer.replay(&graph, &staged2).map_err(err)?;
+            layer.finish().map_err(err)?;
+            if layer.outputs(&staged2).map_err(err)? != want {
+                return Err("the replay on new inputs gave other bits".into());
+            }
+            Ok("replayed twice; the second replay's bits equal a forward of its inputs".into())
+        }),
+    }
+}
+
 /// Every layer check of the selftest.
 pub fn gpu_checks() -> Vec<Check> {
     let mut checks = Vec::new();
-    for kind in ["uniform", "zipf", "masked", "uneven"] {
-        for ranks in [1, 2, 4, 8] {
-            checks.push(against_reference("tiny", None, ranks, 64, kind, None));
+    for layer in Kind::ALL {
+        for kind in ["uniform", "zipf", "masked", "uneven"] {
+            for ranks in [1, 2, 4, 8] {
+                checks.push(against_reference(
+                    layer, "tiny", None, ranks, 64, kind, None,
+                ));
+            }
         }
+        checks.push(against_reference(
+            layer,
+            "tiny",
+            None,
+            2,
+            64,
+            "uniform",
+            Some(0.5),
+        ));
+        // The EP8-rank proxies (SPEC §9) and their split over two ranks.
+        for (preset, experts, ranks, tokens, kind) in [
+            ("flash", 32, 1, 192, "uniform"),
+            ("flash", 32, 1, 192, "zipf"),
+            ("flash", 32, 1, 192, "masked"),
+            ("flash", 32, 2, 96, "uneven"),
+            ("flash", 32, 4, 48, "uniform"),
+            ("pro", 48, 1, 96, "uniform"),
+            ("pro", 48, 2, 48, "zipf"),
+        ] {
+            checks.push(against_reference(
+                layer,
+                preset,
+                Some(experts),
+                ranks,
+                tokens,
+                kind,
+                None,
+            ));
+        }
+        checks.push(fp8_input(layer));
+        checks.push(bad_inputs(layer));
+        checks.push(non_finite_input(layer));
     }
-    checks.push(against_reference("tiny", None, 2, 64, "uniform", Some(0.5)));
-    // The EP8-rank proxies (SPEC §9) and their split over two ranks.
-    for kind in ["uniform", "zipf", "masked"] {
-        checks.push(against_reference("flash", Some(32), 1, 192, kind, None));
-    }
-    checks.push(against_reference("flash", Some(32), 2, 96, "uneven", None));
-    checks.push(against_reference("flash", Some(32), 4, 48, "uniform", None));
-    checks.push(against_reference("pro", Some(48), 1, 96, "uniform", None));
-    checks.push(against_reference("pro", Some(48), 2, 48, "zipf", None));
-    checks.push(fp8_input());
-    checks.push(bad_inputs());
-    checks.push(non_finite_input());
+    checks.push(ring_wraps(1, 4096));
+    checks.push(ring_wraps(2, 4096));
+    checks.push(bound_mismatch());
+    checks.push(missing_rank());
+    checks.push(graph_replay());
     checks
 }

@@ -2,6 +2,7 @@
 //! callable before any allocation (pure arithmetic).
 
 use megamoe_core::plan::rules::MAX_TOKENS;
+use megamoe_core::plan::{Kernel, SymmetricLayout};
 use megamoe_core::preset::Shape;
 use megamoe_core::quant::default_group;
 use megamoe_core::{Error, Result};
@@ -18,12 +19,37 @@ pub enum Kind {
     /// Dispatch, L1 GEMM with SwiGLU and re-quantization, L2 GEMM, combine: one launch each
     /// (SPEC §4 split, the baseline).
     Split,
+    /// One persistent launch per rank: pull, both GEMMs over a ring, scatter and combine
+    /// (SPEC §4 fused, the default).
+    Fused,
 }
 
 impl Kind {
+    pub const ALL: [Kind; 2] = [Kind::Split, Kind::Fused];
+
     pub fn name(self) -> &'static str {
         match self {
             Kind::Split => "split",
+            Kind::Fused => "fused",
+        }
+    }
+
+    /// The kind called `name` ("split" or "fused").
+    pub fn by_name(name: &str) -> Result<Kind> {
+        Kind::ALL
+            .into_iter()
+            .find(|k| k.name() == name)
+            .ok_or_else(|| Error::Value {
+                arg: "kernel",
+                value: name.to_string(),
+                reason: "must be split or fused".into(),
+            })
+    }
+
+    fn kernel(self) -> Kernel {
+        match self {
+            Kind::Split => Kernel::Split,
+            Kind::Fused => Kernel::Fused,
         }
     }
 }
@@ -60,13 +86,13 @@ pub struct LayerBytes {
 }
 
 impl LayerSpec {
-    /// The split layer with SPEC §3's default G and no clamp.
+    /// The fused layer with SPEC §3's default G and no clamp.
     pub fn new(shape: Shape, ranks: usize, max_tokens: usize) -> Self {
         LayerSpec {
             shape,
             ranks,
             max_tokens,
-            kind: Kind::Split,
+            kind: Kind::Fused,
             group: default_group(&shape),
             clamp: None,
             comm_sms: None,
@@ -142,18 +168,57 @@ impl LayerSpec {
         self.ep_spec().max_rows()
     }
 
-    /// The size query: what one rank allocates (SPEC §4).
+    /// The symmetric buffer of the fused kind (megamoe-core's planner: `megamoe plan` prints
+    /// the same regions).
+    pub fn fused_layout(&self) -> Result<SymmetricLayout> {
+        SymmetricLayout::new(
+            Kernel::Fused,
+            &self.shape,
+            self.ranks,
+            self.max_tokens,
+            self.group,
+        )
+    }
+
+    /// The size query: what one rank allocates for this spec's kind (SPEC §4).
     pub fn bytes(&self) -> LayerBytes {
+        self.bytes_of(self.kind)
+    }
+
+    /// The size query for either kind.
+    pub fn bytes_of(&self, kind: Kind) -> LayerBytes {
         let (h, i, el) = (
             self.shape.hidden,
             self.shape.inter,
             self.shape.local_experts(self.ranks),
         );
-        let rows = self.pool_rows();
-        LayerBytes {
-            symmetric: BufferLayout::new(&self.ep_spec()).size,
-            local: self.max_tokens * h * 2 + rows * i + rows * (i / self.group) * 4,
-            weights: el * (2 * i * h + h * i) + el * (2 * i * h + h * i) / (128 * 128) * 4,
+        let weights = el * (2 * i * h + h * i) + el * (2 * i * h + h * i) / (128 * 128) * 4;
+        let staging = self.max_tokens * h * 2;
+        match kind {
+            Kind::Split => {
+                let rows = self.pool_rows();
+                LayerBytes {
+                    symmetric: BufferLayout::new(&self.ep_spec()).size,
+                    local: staging + rows * i + rows * (i / self.group) * 4,
+                    weights,
+                }
+            }
+            Kind::Fused => {
+                let layout = SymmetricLayout::new(
+                    kind.kernel(),
+                    &self.shape,
+                    self.ranks,
+                    self.max_tokens,
+                    self.group,
+                )
+                .expect("a validated spec has a layout");
+                LayerBytes {
+                    symmetric: layout.total_bytes as usize,
+                    // bf16 input staging and the bf16 output.
+                    local: 2 * staging,
+                    weights,
+                }
+            }
         }
     }
 }
@@ -166,7 +231,10 @@ mod tests {
     #[test]
     fn the_size_query_counts_the_pool_and_the_intermediate() {
         let shape = Preset::by_name("flash").unwrap().shape;
-        let spec = LayerSpec::new(shape, 8, 8192);
+        let spec = LayerSpec {
+            kind: Kind::Split,
+            ..LayerSpec::new(shape, 8, 8192)
+        };
         spec.validate().unwrap();
         let rows = 8 * 8192 * 6 + 32 * 127;
         assert_eq!(spec.pool_rows(), (rows as usize).next_multiple_of(128));
@@ -178,6 +246,21 @@ mod tests {
         // 32 experts of 3 · 4096 · 2048 bytes, plus one f32 per 128 x 128 block.
         assert_eq!(b.weights, 32 * 3 * 4096 * 2048 + 32 * 3 * 256 * 2 * 4);
         assert!(b.symmetric > spec.pool_rows() * 4096);
+    }
+
+    #[test]
+    fn the_fused_kind_is_at_least_four_times_smaller_at_8192_and_below_the_seeds() {
+        // The seed's fused buffers at an 8192 bound on 8 ranks: flash 700 MiB, pro 1113 MiB.
+        for (preset, seed_mib) in [("flash", 700.0), ("pro", 1113.0)] {
+            let shape = Preset::by_name(preset).unwrap().shape;
+            let spec = LayerSpec::new(shape, 8, 8192);
+            let fused = spec.bytes_of(Kind::Fused).symmetric;
+            let split = spec.bytes_of(Kind::Split).symmetric;
+            assert!(split >= 4 * fused, "{preset}: {split} vs {fused}");
+            let mib = fused as f64 / (1u64 << 20) as f64;
+            assert!(mib <= seed_mib, "{preset}: {mib:.0} MiB");
+            assert_eq!(fused as u64, spec.fused_layout().unwrap().total_bytes);
+        }
     }
 
     #[test]

@@ -250,33 +250,7 @@ impl SplitLayer {
     /// Checks every rank's inputs, then uploads them.
     pub fn stage(&self, inputs: &[RankInput], num_tokens_bound: Option<usize>) -> Result<Staged> {
         let s = &self.spec;
-        if inputs.len() != s.ranks {
-            return Err(Error::Length {
-                arg: "inputs",
-                got: inputs.len(),
-                expected: s.ranks,
-            }
-            .into());
-        }
-        let mut tokens = Vec::with_capacity(s.ranks);
-        for (r, input) in inputs.iter().enumerate() {
-            let t = check_input(s, input).map_err(|e| LayerError::input(r, e))?;
-            tokens.push(t);
-        }
-        if let Some(bound) = num_tokens_bound {
-            let most = tokens.iter().copied().max().unwrap_or(0);
-            if bound < most || bound > s.max_tokens {
-                return Err(Error::Value {
-                    arg: "num_tokens_bound",
-                    value: bound.to_string(),
-                    reason: format!(
-                        "must be at least every rank's T (largest {most}) and at most T_max {}",
-                        s.max_tokens
-                    ),
-                }
-                .into());
-            }
-        }
+        let tokens = check_call(s, inputs, num_tokens_bound)?;
         let layout = self.ep.layout;
         let mut bf16 = Vec::with_capacity(s.ranks);
         for (r, input) in inputs.iter().enumerate() {
@@ -526,6 +500,43 @@ fn l2_configs(spec: &LayerSpec, sms: usize) -> Result<Vec<(GemmProblem, GemmConf
     Ok(out)
 }
 
+/// Every rank's T, after checking the rank count, every rank's input and the bound (at least
+/// every rank's T, at most T_max), before anything is written.
+pub(crate) fn check_call(
+    s: &LayerSpec,
+    inputs: &[RankInput],
+    num_tokens_bound: Option<usize>,
+) -> Result<Vec<usize>> {
+    if inputs.len() != s.ranks {
+        return Err(Error::Length {
+            arg: "inputs",
+            got: inputs.len(),
+            expected: s.ranks,
+        }
+        .into());
+    }
+    let mut tokens = Vec::with_capacity(s.ranks);
+    for (r, input) in inputs.iter().enumerate() {
+        let t = check_input(s, input).map_err(|e| LayerError::input(r, e))?;
+        tokens.push(t);
+    }
+    if let Some(bound) = num_tokens_bound {
+        let most = tokens.iter().copied().max().unwrap_or(0);
+        if bound < most || bound > s.max_tokens {
+            return Err(Error::Value {
+                arg: "num_tokens_bound",
+                value: bound.to_string(),
+                reason: format!(
+                    "must be at least every rank's T (largest {most}) and at most T_max {}",
+                    s.max_tokens
+                ),
+            }
+            .into());
+        }
+    }
+    Ok(tokens)
+}
+
 /// T of one rank's input, after checking every length, the routing and the weights.
 fn check_input(spec: &LayerSpec, input: &RankInput) -> megamoe_core::Result<usize> {
     let (h, k) = (spec.shape.hidden, spec.shape.topk);
@@ -570,7 +581,7 @@ fn check_input(spec: &LayerSpec, input: &RankInput) -> megamoe_core::Result<usiz
 /// share of its GPU (nothing runs beside them in the split form: measured faster than
 /// megamoe-ep's default, docs/PERF.md); never more than the GPU's SMs over the ranks placed on
 /// it (module comment).
-fn comm_sms(requested: Option<usize>, ranks: usize, gpus: usize, sms: usize) -> usize {
+pub(crate) fn comm_sms(requested: Option<usize>, ranks: usize, gpus: usize, sms: usize) -> usize {
     let per_gpu = ranks.div_ceil(gpus.min(ranks));
     let fit = (sms / per_gpu).max(1);
     requested.unwrap_or(fit).clamp(1, fit)

@@ -4,16 +4,16 @@
 
 use megamoe_core::routing::{generate_world, RoutingSpec};
 use megamoe_core::{diff, fused_layer, LayerOptions, Preset, WeightGen};
-use megamoe_layer::{Activations, LayerSpec, RankInput, SplitLayer};
+use megamoe_layer::{Activations, LayerSpec, MoeLayer, RankInput};
 
 #[test]
 fn readme_example_runs_where_a_gpu_is_and_fails_cleanly_elsewhere(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let shape = Preset::by_name("tiny")?.shape;
-    let spec = LayerSpec::new(shape, 2, 64); // 2 ranks, T_max 64
+    let spec = LayerSpec::new(shape, 2, 64); // fused, 2 ranks, T_max 64
     println!("{:?}", spec.bytes()); // size query, no GPU needed
     let weights = WeightGen::new(shape, 0); // seeded FP8 experts
-    let layer = SplitLayer::new(spec, |r| weights.rank_fp8(r, 2)); // one-time weight load
+    let layer = MoeLayer::new(spec, |r| weights.rank_fp8(r, 2)); // one-time weight load
     let gpus = megamoe_cuda::device_count().unwrap_or(0);
     let mut layer = match layer {
         Ok(layer) => layer,

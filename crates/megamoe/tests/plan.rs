@@ -3,7 +3,7 @@
 use std::process::Command;
 
 use megamoe_core::Preset;
-use megamoe_layer::LayerSpec;
+use megamoe_layer::{Kind, LayerSpec};
 
 fn plan(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_megamoe"))
@@ -38,7 +38,7 @@ fn json_reports_a_fused_buffer_at_least_four_times_smaller_at_8192() {
 }
 
 #[test]
-fn the_split_bytes_are_what_the_split_layer_allocates() {
+fn the_plan_bytes_are_what_each_layer_allocates() {
     for (preset, ranks, tokens) in [
         ("flash", 8, "8192"),
         ("flash", 1, "3000"),
@@ -60,12 +60,14 @@ fn the_split_bytes_are_what_the_split_layer_allocates() {
         let shape = Preset::by_name(preset).unwrap().shape;
         for row in v["table"].as_array().unwrap() {
             let bound = row["bound"].as_u64().unwrap() as usize;
-            let layer = LayerSpec::new(shape, ranks, bound).bytes().symmetric;
-            assert_eq!(
-                row["split_bytes"].as_u64().unwrap(),
-                layer as u64,
-                "{preset} R {ranks} bound {bound}"
-            );
+            let spec = LayerSpec::new(shape, ranks, bound);
+            for (field, kind) in [("split_bytes", Kind::Split), ("fused_bytes", Kind::Fused)] {
+                assert_eq!(
+                    row[field].as_u64().unwrap(),
+                    spec.bytes_of(kind).symmetric as u64,
+                    "{field}: {preset} R {ranks} bound {bound}"
+                );
+            }
         }
     }
 }

@@ -25,9 +25,10 @@ pub struct Args {
         default_value = "64,128,256,512,1024,2048,4096,8192"
     )]
     pub tokens: Vec<usize>,
-    /// The layer's form (split only, for now).
-    #[arg(long, default_value = "split")]
-    pub kernel: String,
+    /// The layer's forms to time, interleaved: split, fused or both (split always runs: it is
+    /// the baseline and holds the GEMM-only arm's pool).
+    #[arg(long, value_delimiter = ',', default_value = "split,fused")]
+    pub kernel: Vec<String>,
     /// Expert choice: uniform (top-k of Gaussian scores) or zipf (skewed popularity).
     #[arg(long, default_value = "uniform")]
     pub routing: String,
@@ -49,12 +50,12 @@ pub struct Args {
 }
 
 pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
-    if args.kernel != "split" {
-        return Err(format!(
-            "--kernel {}: only `split` exists in this build",
-            args.kernel
-        )
-        .into());
+    let mut fused = false;
+    for k in &args.kernel {
+        match megamoe_layer::Kind::by_name(k)? {
+            megamoe_layer::Kind::Fused => fused = true,
+            megamoe_layer::Kind::Split => {}
+        }
     }
     let mut shape = Preset::by_name(&args.preset)?.shape;
     if let Some(e) = args.experts {
@@ -82,15 +83,17 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         rounds: args.rounds,
         iters: args.iters,
         comm_sms: args.comm_sms,
+        fused,
     };
     println!(
-        "bench layer: {} (H {} I {} E {} top-{}), {} rank(s), split, {} routing, masked {}, buffers for {} tokens/rank, {} rounds x median of {}",
+        "bench layer: {} (H {} I {} E {} top-{}), {} rank(s), {}, {} routing, masked {}, buffers for {} tokens/rank, {} rounds x median of {}",
         args.preset,
         shape.hidden,
         shape.inter,
         shape.experts,
         shape.topk,
         args.ranks,
+        if fused { "split and fused" } else { "split" },
         args.routing,
         args.masked,
         args.tokens.iter().max().unwrap(),
@@ -99,20 +102,35 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     );
     let rows = bench::run(&b, &|what| eprintln!("bench layer: {what}"))?;
     println!(
-        "{:>7} {:>9} {:>10} {:>10} {:>7} {:>13} {:>9} {:>8} {:>8}",
+        "{:>7} {:>9} {:>10} {:>10} {:>7} {:>13} {:>10} {:>7} {:>13} {:>5} {:>9} {:>8} {:>8}",
         "tokens",
         "slots",
         "split us",
         "GEMMs us",
-        "ratio",
-        "ratio band",
+        "s/GEMMs",
+        "band",
+        "fused us",
+        "f/split",
+        "band",
+        "lag",
         "floor us",
         "x floor",
         "TFLOP/s"
     );
     for r in &rows {
+        // The fastest arm's ×floor and TFLOP/s.
+        let best = r.fused.map_or(r.split_us, |f| f.us.min(r.split_us));
+        let (fused_us, ratio, band, lag) = match r.fused {
+            Some(f) => (
+                format!("{:.1}", f.us),
+                format!("{:.3}", f.us / r.split_us),
+                format!("{:.3}-{:.3}", f.ratio_min, f.ratio_max),
+                f.lag_units.map_or("wave".into(), |l| l.to_string()),
+            ),
+            None => ("-".into(), "-".into(), "-".into(), "-".into()),
+        };
         println!(
-            "{:>7} {:>9} {:>10.1} {:>10.1} {:>7.3} {:>6.3}-{:<6.3} {:>9.1} {:>8.2} {:>8.0}",
+            "{:>7} {:>9} {:>10.1} {:>10.1} {:>7.3} {:>6.3}-{:<6.3} {:>10} {:>7} {:>13} {:>5} {:>9.1} {:>8.2} {:>8.0}",
             r.tokens,
             r.valid_slots,
             r.split_us,
@@ -120,12 +138,16 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             r.split_us / r.gemms_us,
             r.ratio_min,
             r.ratio_max,
+            fused_us,
+            ratio,
+            band,
+            lag,
             r.floor_us,
-            r.split_us / r.floor_us,
-            r.tflops
+            best / r.floor_us,
+            r.tflops * r.split_us / best
         );
     }
-    println!("each phase alone (median us):");
+    println!("each phase of the split layer alone (median us):");
     print!("{:>7}", "tokens");
     for phase in Phase::ALL {
         print!(" {:>10}", phase.name());

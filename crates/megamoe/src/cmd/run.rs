@@ -10,7 +10,7 @@ use megamoe_core::reference::PerRank;
 use megamoe_core::routing::{generate_world, RoutingKind, RoutingSpec};
 use megamoe_core::{diff, fused_layer_and_f64, LayerOptions, Preset, WeightGen, WorldInputs};
 use megamoe_layer::inputs::{bf16_inputs, spec_for};
-use megamoe_layer::SplitLayer;
+use megamoe_layer::{Kind, LayerSpec, MoeLayer};
 use serde::Serialize;
 
 use crate::progress::Progress;
@@ -51,7 +51,7 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
     backend: Backend,
     /// The GPU layer's form.
-    #[arg(long, value_enum, default_value_t = KernelArg::Split)]
+    #[arg(long, value_enum, default_value_t = KernelArg::Fused)]
     kernel: KernelArg,
     /// GPU backend: also compute the CPU reference and report `diff_vs_reference` and
     /// `diff_vs_f64` (done without asking where the reference is cheap, e.g. tiny).
@@ -81,8 +81,10 @@ enum Backend {
 /// The GPU layer's form (SPEC §4).
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum KernelArg {
-    /// Dispatch, L1 GEMM + SwiGLU + re-quantization, L2 GEMM, combine.
+    /// Dispatch, L1 GEMM + SwiGLU + re-quantization, L2 GEMM, combine: four launches.
     Split,
+    /// One persistent launch per rank (the default).
+    Fused,
 }
 
 #[derive(Serialize)]
@@ -173,10 +175,12 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn std::error::Error>> {
         out
     };
     let out = if gpu {
-        let (out, time_ms) = gpu_layer(&world, &weights, &options)?;
-        report.kernel = Some(match args.kernel {
-            KernelArg::Split => "split",
-        });
+        let kind = match args.kernel {
+            KernelArg::Split => Kind::Split,
+            KernelArg::Fused => Kind::Fused,
+        };
+        let (out, time_ms) = gpu_layer(kind, &world, &weights, &options)?;
+        report.kernel = Some(kind.name());
         report.time_ms = time_ms;
         let cheap = shape.experts * 3 * shape.hidden * shape.inter <= CHEAP_REFERENCE_WEIGHTS;
         report.diff_vs_reference = Some(None);
@@ -209,13 +213,18 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn std::error::Error>> {
 /// The GPU layer on `world`: builds it (T_max = the largest T), runs the batch once, then once
 /// more timed; both runs must give the same bits.
 fn gpu_layer(
+    kind: Kind,
     world: &WorldInputs,
     weights: &WeightGen,
     options: &LayerOptions,
 ) -> Result<(PerRank<bf16>, f64), Box<dyn std::error::Error>> {
     let ranks = world.num_ranks();
     let bar = Progress::new("weights ");
-    let mut layer = SplitLayer::new(spec_for(world, options), |r| {
+    let spec = LayerSpec {
+        kind,
+        ..spec_for(world, options)
+    };
+    let mut layer = MoeLayer::new(spec, |r| {
         bar.update(r, ranks);
         weights.rank_fp8(r, ranks)
     })?;

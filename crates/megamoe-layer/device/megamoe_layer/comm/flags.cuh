@@ -1,0 +1,88 @@
+// The fused kernel's waits between CTAs of one rank: per-m-block counters (rows pulled, L1 and
+// L2 warpgroup-tasks done) and the grid barrier after the call's plan is built. Every wait has
+// the call's deadline; one that expires is recorded in the rank's WaitRecord (wait id, rank,
+// the block or barrier, the value seen and expected) and returns false.
+#pragma once
+#include <megamoe/comm/deadline.cuh>
+#include <megamoe/ptx/memory.cuh>
+#include <megamoe_layer/impls/fused_params.cuh>
+
+namespace megamoe::layer {
+
+// This crate's wait ids (named by `megamoe_layer::fused::WAITS`).
+enum FusedWait : u32 {
+    kWaitRowsPulled = 0x300,  // an L1 task waits for its m-block's rows
+    kWaitL1Done = 0x301,      // an L2 task waits for every L1 task of its m-block
+    kWaitSlotFree = 0x302,    // a pull waits for the L2 tasks of the slot's previous m-block
+    kWaitGrid = 0x303,        // the grid barrier after the plan
+    kWaitPullTurn = 0x304,    // a pull waits for the L1 frontier to come within pull_ahead blocks
+};
+
+// Counters of one m-block, zeroed by every call before its grid barrier.
+struct BlockFlags {
+    u32 rows_pulled;  // rows of the block in its ring slot
+    u32 l1_done;      // L1 warpgroup-tasks done (2 per task)
+    u32 l2_done;      // L2 warpgroup-tasks done (2 per task)
+    u32 l1_started;   // 1 once the block's first L1 task is handed out (its producer reached it)
+};
+
+__device__ __forceinline__ BlockFlags* block_flags(const FusedRegions& r) {
+    return reinterpret_cast<BlockFlags*>(reinterpret_cast<char*>(r.peer_base[r.rank]) + r.off_block_flags);
+}
+
+// Polls until *flag >= target (acquire), then orders the caller's later TMA loads after it.
+// Between polls the thread sleeps, 32 ns doubling to 1 µs: the pull warps wait on the ring most
+// of a long call, and a tight poll would take issue slots from the math warps of its SM.
+__device__ __forceinline__ bool wait_flag(const FusedRegions& r, const u32* flag, u32 target, FusedWait id,
+                                          u32 block) {
+    u32 v = ptx::ld_acquire_gpu_u32(flag);
+    if (v < target) {
+        const auto deadline = comm::Deadline::after(r.deadline_ns);
+        u32 sleep_ns = 32;
+        while ((v = ptx::ld_acquire_gpu_u32(flag)) < target) {
+            __nanosleep(sleep_ns);
+            sleep_ns = min(2 * sleep_ns, 1024u);
+            if (deadline.expired()) {
+                comm::report_timeout(reinterpret_cast<comm::WaitRecord*>(r.wait_record), id, r.rank, block, v,
+                                     target);
+                return false;
+            }
+        }
+    }
+    ptx::fence_proxy_async_global();
+    return true;
+}
+
+// Raises a block counter once this warpgroup's (or warp's) writes are done: the caller has
+// synchronized the writers, each of which fenced its generic writes for the async proxy.
+__device__ __forceinline__ void raise_flag(u32* flag) {
+    __threadfence();
+    ptx::red_release_gpu_add_u32(flag, 1);
+}
+
+// Barrier over the CTAs of this rank's grid; the counter only grows (call c waits for c · G
+// arrivals), so it is never reset. False when the deadline passed.
+__device__ __forceinline__ bool grid_barrier(const FusedRegions& r, u64 epoch, int* s_ok) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u64* counter = reinterpret_cast<u64*>(reinterpret_cast<char*>(r.peer_base[r.rank]) + r.off_grid_barrier);
+        __threadfence();
+        atomicAdd(counter, 1ull);
+        const u64 target = epoch * gridDim.x;
+        const auto deadline = comm::Deadline::after(r.deadline_ns);
+        u64 v;
+        *s_ok = 1;
+        while ((v = ptx::ld_acquire_gpu_u64(counter)) < target) {
+            if (deadline.expired()) {
+                comm::report_timeout(reinterpret_cast<comm::WaitRecord*>(r.wait_record), kWaitGrid, r.rank,
+                                     blockIdx.x, v, target);
+                *s_ok = 0;
+                break;
+            }
+        }
+    }
+    __syncthreads();
+    return *s_ok != 0;
+}
+
+}  // namespace megamoe::layer

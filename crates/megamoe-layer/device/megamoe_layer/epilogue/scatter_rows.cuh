@@ -1,0 +1,73 @@
+// The fused kernel's L2 epilogue (SPEC §3 step 4's output): each valid row of a warpgroup's
+// 64-row slice goes, as bf16, to its token's rank: row (t, k) of that rank's combine region
+// [t_cap, K, H]. The slice is staged 64 columns at a time in shared memory (the TMA-store
+// epilogue's swizzled tile, megamoe_gemm/epilogue/store.cuh), then every thread copies 16-byte
+// pieces of four rows, so each row's 128 bytes leave as whole lines.
+#pragma once
+#include <megamoe/common.cuh>
+#include <megamoe/ptx/convert.cuh>
+#include <megamoe/ptx/memory.cuh>
+#include <megamoe_gemm/pipeline/barriers.cuh>
+#include <megamoe_layer/impls/fused_params.cuh>
+
+namespace megamoe::layer {
+
+// Where a ring row came from: its source rank and its slot t·K + k there.
+struct RowDest {
+    u32 src, slot;
+};
+
+struct ScatterRows {
+    const FusedRegions& r;
+
+    template <int kWaves, int kAccum>
+    __device__ __forceinline__ void store(u8* staging, u32 wg, u32 row0, u32 col0, u32 rows_valid,
+                                          const float (&acc)[kWaves][kAccum]) const {
+        static_assert(kAccum % 32 == 0, "64-column halves of a wgmma slice");
+        const u32 t = threadIdx.x % 128;
+        const u32 lane = threadIdx.x % 32;
+        const u32 warp = (threadIdx.x / 32) % 4;
+        const gemm::NamedBarrier bar = gemm::warpgroup_barrier(wg);
+        // Rows this thread copies out (t/8 + 16 i) and its 16-byte piece of each (t % 8). Their
+        // destinations are read again for every piece (cached) rather than held: the slice's
+        // accumulators leave no registers for them.
+        const RowDest* dest = reinterpret_cast<const RowDest*>(reinterpret_cast<const char*>(r.peer_base[r.rank]) +
+                                                               r.off_row_dest) + row0;
+        // This lane's row address for stmatrix: matrices (rows 0-7 | 8-15) x (chunk | chunk+1).
+        const u32 st_row = warp * 16 + lane % 8 + 8 * ((lane / 8) % 2);
+        const u32 chunk_step = lane / 16;
+#pragma unroll
+        for (int w = 0; w < kWaves; ++w) {
+#pragma unroll
+            for (int half = 0; half < kAccum / 32; ++half) {
+                gemm::named_barrier_sync(bar, 128);  // the previous piece's copies are done
+#pragma unroll
+                for (int jj = 0; jj < 8; jj += 2) {
+                    const int j = half * 8 + jj;  // 8-column group inside the wave
+                    const u32 chunk = jj + chunk_step;
+                    ptx::stmatrix_x4(staging + st_row * 128 + ((chunk ^ (st_row % 8)) * 16),
+                                     ptx::bf16x2(acc[w][4 * j], acc[w][4 * j + 1]),
+                                     ptx::bf16x2(acc[w][4 * j + 2], acc[w][4 * j + 3]),
+                                     ptx::bf16x2(acc[w][4 * j + 4], acc[w][4 * j + 5]),
+                                     ptx::bf16x2(acc[w][4 * j + 6], acc[w][4 * j + 7]));
+                }
+                gemm::named_barrier_sync(bar, 128);
+                const u32 col_bytes = (w * 2 * kAccum + half * 64) * 2;
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const u32 row = t / 8 + 16 * i;
+                    if (row >= rows_valid) break;
+                    const RowDest d = dest[row];
+                    const uint4 v = *reinterpret_cast<const uint4*>(staging + row * 128 + (((t % 8) ^ (row % 8)) * 16));
+                    char* out = reinterpret_cast<char*>(r.peer_base[d.src]) + r.off_combine +
+                                (static_cast<u64>(d.slot) * r.hidden + col0) * 2 + col_bytes + (t % 8) * 16;
+                    ptx::st_v4(out, v);
+                }
+            }
+        }
+    }
+
+    __device__ __forceinline__ void finish() const {}
+};
+
+}  // namespace megamoe::layer

@@ -1,0 +1,302 @@
+// The fused MoE layer (SPEC §4 fused): one persistent launch per rank. 384 threads per CTA, one
+// CTA per SM: warpgroups 0 and 1 run the wgmma consumers of both GEMMs, warp 8 the TMA
+// producer, warps 9-11 the token pull (comm/pull.cuh).
+//
+//   1. routing: count this rank's slots per expert and list them (send lists); publish T and
+//      the bound; raise kRoutingReady everywhere and wait for every rank's.
+//   2. plan: every CTA checks the bounds every rank published (all ranks reach the same
+//      verdict, so a mismatch is an error on every rank, never a hang); CTA 0 builds the
+//      m-blocks and the task stream (scheduler/task_stream.cuh); every CTA zeroes its share of
+//      the block counters; grid barrier.
+//   3. tasks: the producer replays the stream (an L1 task waits for its block's rows, an L2
+//      task for its block's L1 tasks), the consumers run L1 with the SwiGLU + weight +
+//      re-quantization epilogue into the ring and L2 with the scatter epilogue to the tokens'
+//      ranks, and the pull fills ring slots once the slot's previous block is through L2.
+//   4. the consumer warpgroups (the producer warpgroup is done): raise kRowsWritten everywhere;
+//      wait for every rank's; combine this rank's tokens in slot order; zero the published
+//      counts for the next call.
+//
+// Ring slots and block counters live in this rank's buffer and are private to it; what peers
+// touch (inputs, counts, send lists, combine rows) is ordered by the two signals, so
+// consecutive calls need no barrier across ranks at entry or exit.
+#pragma once
+#include <megamoe/ptx/mbarrier.cuh>
+#include <megamoe/ptx/sync.cuh>
+#include <megamoe/ptx/tma.cuh>
+#include <megamoe_ep/comm/sync.cuh>
+#include <megamoe_gemm/layout/smem_layout.cuh>
+#include <megamoe_gemm/mma/fp8_mainloop.cuh>
+#include <megamoe_gemm/pipeline/tma_producer.cuh>
+#include <megamoe_layer/comm/combine.cuh>
+#include <megamoe_layer/comm/flags.cuh>
+#include <megamoe_layer/comm/pull.cuh>
+#include <megamoe_layer/epilogue/scatter_rows.cuh>
+#include <megamoe_layer/epilogue/swiglu_quant.cuh>
+#include <megamoe_layer/impls/fused_params.cuh>
+#include <megamoe_layer/scheduler/task_stream.cuh>
+
+namespace megamoe::layer {
+
+constexpr u32 kMathWarps = 8;
+constexpr u32 kPullWarps = 3;
+// Registers per thread by warpgroup (setmaxnreg is warpgroup-wide). The CTA's pool is what the
+// launch gave it, 384 x 168: the consumers may only take what the producer warpgroup gives back.
+constexpr u32 kLaunchRegs = 168;
+constexpr u32 kProducerRegs = 40;
+constexpr u32 kConsumerRegs = 232;
+static_assert(256 * (kConsumerRegs - kLaunchRegs) <= 128 * (kLaunchRegs - kProducerRegs), "the CTA's pool");
+
+// Step 1: slot i = t·K + k of this rank naming expert e gets the next position of e's send
+// list. Positions are taken atomically, so a token's row may sit anywhere in its expert's rows;
+// each row's arithmetic is independent of its position, so the output bits are not.
+__device__ void publish_routing(const FusedRegions& r) {
+    char* me = local_buf(r);
+    const i32* idx = reinterpret_cast<const i32*>(me + r.off_topk_idx);
+    u32* counts = reinterpret_cast<u32*>(me + r.off_counts);
+    u32* send = reinterpret_cast<u32*>(me + r.off_send_list);
+    const u32 n = u32(r.tokens) * r.topk;
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const i32 e = idx[i];
+        if (e >= 0 && e < r.experts) send[u64(e) * r.t_cap + atomicAdd(&counts[e], 1u)] = i;
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        counts[r.experts] = r.tokens;
+        counts[r.experts + 1] = r.bound;
+    }
+}
+
+// Step 2: 0 when every rank passed this rank's bound and none has more tokens, else kBadBound
+// (recorded once, by CTA 0, naming the first offending rank).
+__device__ u32 check_bounds(const FusedRegions& r, const ep::comm::Signals& sig) {
+    for (int src = 0; src < r.ranks; ++src) {
+        const u32* c = published_counts(r, src);
+        const u32 t = c[r.experts], bound = c[r.experts + 1];
+        if (bound != u32(r.bound) || t > bound || bound > u32(r.t_cap)) {
+            if (blockIdx.x == 0) ep::comm::record_error(sig, kBadBound, src, src, bound != u32(r.bound) ? bound : t, r.bound);
+            return kBadBound;
+        }
+    }
+    return 0;
+}
+
+__device__ __forceinline__ gemm::Tile task_tile(const FusedRegions& r, const BlockInfo* blocks, u32 b, u32 n) {
+    const BlockInfo blk = blocks[b];
+    return gemm::Tile{blk.expert, 0, n * kBlockN, (b % r.ring_slots) * kBlockM, blk.rows, false};
+}
+
+template <int kStages, typename L1Smem, typename L2Smem>
+__device__ void produce(const FusedParams& p, const L1Smem& s1, const L2Smem& s2, u32 n_tasks) {
+    const FusedRegions& r = p.r;
+    TaskCursor cur(r);
+    gemm::RingCursor<kStages> ring;
+    BlockFlags* flags = block_flags(r);
+    const BlockInfo* blocks = plan_blocks(r);
+    for (u32 i = ptx::ctaid_x(); i < n_tasks; i += gridDim.x) {
+        u32 kind, b, n;
+        cur.get(i, kind, b, n);
+        const gemm::Tile t = task_tile(r, blocks, b, n);
+        if (kind == kL1) {
+            // The L1 frontier: the pull of block b + pull_ahead may start.
+            if (n == 0) reinterpret_cast<volatile u32*>(&flags[b].l1_started)[0] = 1;
+            if (!wait_flag(r, &flags[b].rows_pulled, t.rows_valid, kWaitRowsPulled, b)) return;
+            gemm::load_tile<false, 1>(p.l1, t, 0, s1, ring);
+        } else {
+            if (!wait_flag(r, &flags[b].l1_done, 2 * r.n1, kWaitL1Done, b)) return;
+            gemm::load_tile<false, 1>(p.l2, t, 0, s2, ring);
+        }
+    }
+}
+
+// A warpgroup is done with its slice of a task: once the block's counter shows it, its writes
+// are visible to whoever acquires the counter (the barrier orders the warpgroup's writes before
+// the release; the reader orders its TMA loads after its acquire, comm/flags.cuh).
+__device__ __forceinline__ void finish_slice(u32* flag, u32 wg) {
+    gemm::named_barrier_sync(gemm::warpgroup_barrier(wg), 128);
+    if (threadIdx.x % 128 == 0) ptx::red_release_gpu_add_u32(flag, 1);
+}
+
+template <int kStages, typename L1Smem, typename L2Smem>
+__device__ void consume(const FusedParams& p, const L1Smem& s1, const L2Smem& s2, u32 wg, u32 n_tasks) {
+    const FusedRegions& r = p.r;
+    // A warpgroup's slice: 64 rows, two 128-column waves (for L1 a gate block and its up block).
+    using Scales = gemm::TileWeightScales<128, 2, L1Smem::kScaleBRowFloats>;
+    const u32 a_off = wg * 64;
+    TaskCursor cur(r);
+    gemm::RingCursor<kStages> ring;
+    BlockFlags* flags = block_flags(r);
+    const BlockInfo* blocks = plan_blocks(r);
+    const ScatterRows scatter{r};
+    u32 i = ptx::ctaid_x();
+    if (i >= n_tasks) return;
+    u32 kind, b, n;
+    cur.get(i, kind, b, n);
+    gemm::Tile t = task_tile(r, blocks, b, n);
+    Scales scales;
+    scales.load(kind == kL1 ? p.l1 : p.l2, t, 0);
+    while (true) {
+        scales.stage(s1.scale_b(wg), wg);
+        float sum[2][64];
+        if (kind == kL1) {
+            gemm::tile_k_loop<128, 2, 1, false, 0>(p.l1, s1, ring, t, wg, a_off, 0, sum);
+        } else {
+            gemm::tile_k_loop<128, 2, 1, false, 0>(p.l2, s2, ring, t, wg, a_off, 0, sum);
+        }
+        // The next task's weight scales load while this one's epilogue runs.
+        const u32 next = i + gridDim.x;
+        const bool more = next < n_tasks;
+        u32 next_kind = 0, next_b = 0, next_n = 0;
+        gemm::Tile next_t = t;
+        if (more) {
+            cur.get(next, next_kind, next_b, next_n);
+            next_t = task_tile(r, blocks, next_b, next_n);
+            scales.load(next_kind == kL1 ? p.l1 : p.l2, next_t, 0);
+        }
+        const u32 rows_valid = t.rows_valid > a_off ? t.rows_valid - a_off : 0;
+        if (kind == kL1) {
+            p.swiglu.store(s1.staging(wg), wg, t.a_row + a_off, t.n0, rows_valid, sum);
+            finish_slice(&flags[b].l1_done, wg);
+        } else {
+            scatter.store(s1.staging(wg), wg, t.a_row + a_off, t.n0, rows_valid, sum);
+            finish_slice(&flags[b].l2_done, wg);
+        }
+        if (!more) break;
+        i = next;
+        kind = next_kind;
+        b = next_b;
+        t = next_t;
+    }
+}
+
+// The consumer warpgroups' own barrier for the combine step (ids 1 and 2 are the GEMM's
+// warpgroup barriers, megamoe_gemm/pipeline/barriers.cuh).
+constexpr u32 kConsumersBarrier = 3;
+__device__ __forceinline__ void consumers_sync() { ptx::named_barrier_sync(kConsumersBarrier, kMathWarps * 32); }
+
+// ep::comm::raise_on_all for kRowsWritten, over the consumer threads only: every L2 row this
+// CTA wrote is visible system-wide before each rank's counter grows (by kUnit per launch).
+__device__ __forceinline__ void raise_rows_written(const ep::comm::Signals& sig) {
+    __threadfence_system();
+    consumers_sync();
+    if (threadIdx.x < sig.ranks) {
+        const u64 add = ptx::ctaid_x() == 0 ? ep::comm::kUnit - (gridDim.x - 1) : 1;
+        ptx::red_release_sys_add(ep::comm::signal(sig, threadIdx.x, kRowsWritten, sig.rank), add);
+    }
+}
+
+// ep::comm::wait_all for kRowsWritten, over the consumer threads only.
+__device__ __forceinline__ bool wait_rows_written(const ep::comm::Signals& sig, u64 epoch, int* s_ok) {
+    if (threadIdx.x == 0) *s_ok = 1;
+    consumers_sync();
+    if (threadIdx.x < sig.ranks) {
+        const u64* f = ep::comm::signal(sig, sig.rank, kRowsWritten, threadIdx.x);
+        const u64 target = epoch * ep::comm::kUnit;
+        const auto deadline = comm::Deadline::after(sig.deadline_ns);
+        u64 v;
+        while ((v = ptx::ld_acquire_sys(f)) < target) {
+            if (deadline.expired()) {
+                comm::report_timeout(sig.wait_record, ep::comm::wait_of(kRowsWritten), sig.rank, threadIdx.x, v,
+                                     target);
+                *s_ok = 0;
+                break;
+            }
+        }
+    }
+    consumers_sync();
+    return *s_ok != 0;
+}
+
+template <int kStages, int kGroup>
+__device__ __forceinline__ void fused_moe(const FusedParams& p) {
+    // Both GEMMs run over one ring of stages: L1's activation scales come per 128 columns, L2's
+    // per G; a stage has room for the larger count, so both views place every region alike.
+    constexpr int kSaCols = kGroup == 64 ? 2 : 1;
+    using L1Smem = gemm::SmemLayout<128, 256, kStages, 128, kSaCols>;
+    using L2Smem = gemm::SmemLayout<128, 256, kStages, kGroup, kSaCols>;
+    extern __shared__ u8 smem_raw[];
+    u8* base = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
+    const L1Smem s1{base};
+    const L2Smem s2{base};
+    __shared__ int s_ok;
+    __shared__ u32 s_bad;
+    __shared__ u64 s_epoch;
+    __shared__ u32 s_pull_items;
+    const FusedRegions& r = p.r;
+    const ep::comm::Signals sig{r.peer_base, r.off_epochs, r.off_signals, r.off_error, r.deadline_ns,
+                                reinterpret_cast<comm::WaitRecord*>(r.wait_record), r.rank, r.ranks};
+    const u32 warp = ptx::warp_index_uniform();
+
+    if (threadIdx.x == kMathWarps * 32) {
+        ptx::tma_prefetch_desc(&p.l1.tma_a);
+        ptx::tma_prefetch_desc(&p.l1.tma_b);
+        ptx::tma_prefetch_desc(&p.l1.tma_sa);
+        ptx::tma_prefetch_desc(&p.l2.tma_a);
+        ptx::tma_prefetch_desc(&p.l2.tma_b);
+        ptx::tma_prefetch_desc(&p.l2.tma_sa);
+    }
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int s = 0; s < kStages; ++s) {
+            ptx::mbarrier_init(s1.full(s), 1);
+            ptx::mbarrier_init(s1.empty(s), kMathWarps);
+        }
+        ptx::fence_barrier_init();
+    }
+
+    // 1. Routing.
+    const u64 epoch = ep::comm::read_epoch(sig, kFusedFamily, &s_epoch);
+    publish_routing(r);
+    ep::comm::raise_on_all(sig, kRoutingReady);
+    if (!ep::comm::wait_all(sig, kRoutingReady, epoch, &s_ok)) return;
+
+    // 2. Plan. CTA 0's scratch is the ring's first stage, idle until the grid barrier.
+    if (threadIdx.x == 0) s_bad = check_bounds(r, sig);
+    __syncthreads();
+    if (blockIdx.x == 0 && s_bad == 0) {
+        build_plan(r, reinterpret_cast<u32*>(base));
+        ptx::fence_proxy_async_shared();
+    }
+    {
+        u32* words = reinterpret_cast<u32*>(block_flags(r));
+        const u32 n = u32(r.max_blocks) * 4;
+        for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) words[i] = 0;
+    }
+    if (!grid_barrier(r, epoch, &s_ok)) return;
+    const PlanHeader h = *plan_header(r);
+    const bool run = s_bad == 0 && h.status == 0;
+    if (threadIdx.x == 0) s_pull_items = h.n_blocks * kBlockM;
+    __syncthreads();
+    if (blockIdx.x == 0 && threadIdx.x == 0 && s_bad == 0 && h.status != 0)
+        ep::comm::record_error(sig, h.status, 0, r.rank, h.n_blocks, r.ring_slots);
+
+    // 3. Tasks. The producer warpgroup is done after its role; the consumer warpgroups go on
+    // to the combine on their own (named barrier kConsumersBarrier).
+    if (warp >= kMathWarps) {
+        if (run) {
+            ptx::setmaxnreg_dec<kProducerRegs>();
+            if (warp == kMathWarps) {
+                if (threadIdx.x % 32 == 0) produce<kStages>(p, s1, s2, h.n_tasks);
+            } else {
+                pull_rows(r, ptx::ctaid_x() * kPullWarps + (warp - kMathWarps - 1), gridDim.x * kPullWarps,
+                          s_pull_items);
+            }
+        }
+        return;
+    }
+    if (run) {
+        ptx::setmaxnreg_inc<kConsumerRegs>();
+        consume<kStages>(p, s1, s2, warp / 4, h.n_tasks);
+    }
+
+    // 4. Combine.
+    raise_rows_written(sig);
+    if (!wait_rows_written(sig, epoch, &s_ok)) return;
+    if (run) combine_rows(r, warp, kMathWarps);
+    {
+        u32* counts = reinterpret_cast<u32*>(local_buf(r) + r.off_counts);
+        const u32 threads = kMathWarps * 32;
+        for (u32 i = ptx::ctaid_x() * threads + threadIdx.x; i < u32(r.experts); i += gridDim.x * threads) counts[i] = 0;
+    }
+    ep::comm::store_epoch(sig, kFusedFamily, epoch);
+}
+
+}  // namespace megamoe::layer

@@ -1,0 +1,671 @@
+//! The fused layer (SPEC §4 fused): per call and per rank, on the rank's stream,
+//!
+//! 1. bf16 input only: the library's quantizer writes e4m3 rows and per-128 scales into the
+//!    rank's symmetric input region (FP8 input is uploaded there as it is);
+//! 2. one persistent launch (device/megamoe_layer/impls/fused.cuh): the routing is published
+//!    and exchanged, every rank pulls the rows of its experts into a ring of 128-row slots, runs
+//!    L1 with SwiGLU + weight + re-quantization into the ring and L2 with each row scattered in
+//!    bf16 to its token's rank, in the order of the planner's task stream (L2 trails L1 by the
+//!    lag of megamoe-core's rules), then sums its own tokens' rows in slot order.
+//!
+//! Every rank decides the call's order from the bound alone (`megamoe_core::plan::rules`), so
+//! all ranks replay the same stream; the kernel checks the bounds every rank published and, on
+//! a mismatch, every rank skips the call and reports it. Ranks on one GPU (virtual ranks) share
+//! its SMs: every rank's launch takes at most `SMs / ranks on the GPU` CTAs, one per SM, so
+//! every CTA of every rank is resident at once and no wait can starve.
+
+use std::sync::Arc;
+
+use half::bf16;
+use megamoe_core::plan::rules::{call_order, Order, RingSizing};
+use megamoe_core::plan::{Kernel, SymmetricLayout};
+use megamoe_core::weights::RankWeightsFp8;
+use megamoe_core::Error;
+use megamoe_cuda::wait::{deadline_ns, DEFAULT_DEADLINE};
+use megamoe_cuda::{
+    jit, DeviceBuffer, Gpu, Kernel as CudaKernel, LaunchConfig, Quantizer, SymmetricBuffer,
+    WaitNames, World,
+};
+use megamoe_ep::params::ErrorRecord;
+use megamoe_gemm::grouped::gemm_params;
+use megamoe_gemm::heuristics::{GemmConfig, GemmProblem, Layout, OutDtype};
+use megamoe_gemm::GemmPointers;
+
+use crate::error::{LayerError, Result};
+use crate::kernel::{
+    fused_smem_bytes, fused_spec, l1_config, FusedParams, FusedRegions, SwigluQuant,
+    FUSED_BAD_BOUND, FUSED_RING_OVERFLOW, FUSED_THREADS,
+};
+use crate::spec::{LayerSpec, POOL_PAD};
+use crate::split::{check_call, comm_sms, Activations, RankInput};
+use crate::weights;
+
+/// The names of the fused kernel's own waits (`FusedWait` in
+/// device/megamoe_layer/comm/flags.cuh), beside the GEMM's and megamoe-ep's signal waits.
+pub const WAITS: WaitNames = WaitNames {
+    first: 0x300,
+    names: &[
+        "an L1 task waiting for its m-block's pulled rows",
+        "an L2 task waiting for its m-block's L1 tasks",
+        "the pull waiting for a ring slot's previous m-block to finish L2",
+        "the grid barrier after the call's plan",
+        "the pull waiting for the L1 frontier to come within pull_ahead blocks",
+    ],
+};
+
+/// The fused kernel's signal kinds (device: `FusedSignal`), numbered like megamoe-ep's waits.
+const SIGNAL_WAITS: WaitNames = WaitNames {
+    first: 0x200,
+    names: &[
+        "every rank's routing published",
+        "every rank's L2 rows written back",
+    ],
+};
+
+/// A call whose inputs are on the device: what [`FusedLayer::launch`] runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FusedStaged {
+    /// T of every rank.
+    pub tokens: Vec<usize>,
+    /// Every rank's `num_tokens_bound` as the kernel checks it (equal unless a test injects a
+    /// mismatch).
+    bounds: Vec<usize>,
+    bf16: Vec<bool>,
+    /// The call's order and ring, from the bound.
+    lag_units: usize,
+    ring_slots: usize,
+}
+
+impl FusedStaged {
+    /// The call's stream order: lag in units, or None for a single wave.
+    pub fn lag_units(&self) -> Option<usize> {
+        (self.lag_units > 0).then_some(self.lag_units)
+    }
+
+    /// Ring slots (128-row m-blocks) the call may have live at once.
+    pub fn ring_slots(&self) -> usize {
+        self.ring_slots
+    }
+}
+
+struct FusedRank {
+    gpu: Gpu,
+    kernel: Arc<CudaKernel>,
+    params: FusedParams,
+    /// W1 (interleaved), its scales, W2, its scales: read through the params only.
+    _weights: [DeviceBuffer; 4],
+    x_bf16: DeviceBuffer,
+    y: DeviceBuffer,
+    quantizer: Quantizer,
+}
+
+/// The fused MoE layer on a world of real or virtual ranks.
+pub struct FusedLayer {
+    pub spec: LayerSpec,
+    pub layout: SymmetricLayout,
+    world: World,
+    buffers: SymmetricBuffer,
+    ranks: Vec<FusedRank>,
+    launch: LaunchConfig,
+    expert_counts: Vec<Vec<u64>>,
+    /// A device wait expired: the buffers' counters no longer agree, the layer must be rebuilt.
+    broken: bool,
+}
+
+fn region(layout: &SymmetricLayout, name: &str) -> u64 {
+    layout
+        .region(name)
+        .unwrap_or_else(|| panic!("the fused layout has a `{name}` region"))
+        .offset
+}
+
+impl FusedLayer {
+    /// Builds the layer: checks `spec`, allocates every buffer (see [`LayerSpec::bytes`]),
+    /// compiles and loads the kernel, and loads each rank's weights from `weights(rank)` (SPEC
+    /// §2 layouts; W1's gate and up blocks are interleaved on the way, src/weights.rs).
+    pub fn new(
+        spec: LayerSpec,
+        weights: impl Fn(usize) -> megamoe_core::Result<RankWeightsFp8>,
+    ) -> Result<FusedLayer> {
+        FusedLayer::with_deadline(spec, weights, DEFAULT_DEADLINE)
+    }
+
+    /// [`Self::new`] with every device wait bounded by `deadline` instead of the default 5 s.
+    pub fn with_deadline(
+        spec: LayerSpec,
+        weights: impl Fn(usize) -> megamoe_core::Result<RankWeightsFp8>,
+        deadline: std::time::Duration,
+    ) -> Result<FusedLayer> {
+        spec.validate()?;
+        FusedLayer::build(spec, weights, deadline, spec.fused_layout()?)
+    }
+
+    /// The layer with its ring clamped to the full pool, so it never wraps: the selftest's
+    /// reference for the ring.
+    pub(crate) fn full_pool(
+        spec: LayerSpec,
+        weights: impl Fn(usize) -> megamoe_core::Result<RankWeightsFp8>,
+    ) -> Result<FusedLayer> {
+        spec.validate()?;
+        let ring = RingSizing::full_pool(&spec.shape, spec.ranks, spec.max_tokens);
+        let layout =
+            SymmetricLayout::with_ring(Kernel::Fused, &spec.shape, spec.ranks, spec.group, ring)?;
+        FusedLayer::build(spec, weights, DEFAULT_DEADLINE, layout)
+    }
+
+    fn build(
+        spec: LayerSpec,
+        weights: impl Fn(usize) -> megamoe_core::Result<RankWeightsFp8>,
+        deadline: std::time::Duration,
+        layout: SymmetricLayout,
+    ) -> Result<FusedLayer> {
+        let (h, i, e, k) = (
+            spec.shape.hidden,
+            spec.shape.inter,
+            spec.shape.experts,
+            spec.shape.topk,
+        );
+        let el = spec.shape.local_experts(spec.ranks);
+        let world = World::with_deadline(spec.ranks, deadline)?;
+        let sms = world.ranks()[0].gpu.props().sm_count as usize;
+        let ctas = comm_sms(None, spec.ranks, world.gpu_count(), sms);
+        let launch = LaunchConfig::new(ctas as u32, FUSED_THREADS)
+            .with_dynamic_smem(fused_smem_bytes(spec.group) as u32);
+        let compiled = jit::compile(&fused_spec(spec.group))?;
+        let kernels = world.load(&compiled)?;
+        let buffers = world.alloc_symmetric(layout.total_bytes as usize)?;
+        let ring_rows = layout.pool_rows;
+        let t_cap = layout.ring.t_cap;
+        let mut peer_base = [0u64; 8];
+        for (r, p) in peer_base.iter_mut().enumerate().take(spec.ranks) {
+            *p = buffers.ptr(r);
+        }
+        let off = |name| region(&layout, name);
+        let config = l1_config(ctas);
+        let mut ranks = Vec::with_capacity(spec.ranks);
+        for (r, kernel) in kernels.into_iter().enumerate() {
+            let w = weights(r).map_err(|e| LayerError::input(r, e))?;
+            weights::check(&w, &spec.shape, el).map_err(|e| LayerError::input(r, e))?;
+            let (w1, s1) = weights::interleave_w1(&w.w1, &w.s1, &spec.shape, el);
+            let rank = &world.ranks()[r];
+            let gpu = rank.gpu.clone();
+            let w1 = gpu.alloc_from(&w1)?;
+            let s1 = gpu.alloc_from(&s1)?;
+            let w2 = gpu.alloc_from(&w.w2)?;
+            let s2 = gpu.alloc_from(&w.s2)?;
+            let base = buffers.ptr(r);
+            let mainloop = |n, kk, group, a: u64, scale_a: u64, b: u64, scale_b: u64| {
+                let problem = GemmProblem {
+                    experts: el,
+                    n,
+                    k: kk,
+                    group_size: group,
+                    layout: Layout::Contiguous { pad: POOL_PAD },
+                    out: OutDtype::Bf16,
+                    rows_per_expert: POOL_PAD,
+                };
+                let config = GemmConfig {
+                    group_size: group,
+                    ..config
+                };
+                let (params, _record) = gemm_params(
+                    &gpu,
+                    &problem,
+                    &config,
+                    ring_rows,
+                    GemmPointers {
+                        a,
+                        scale_a,
+                        b,
+                        scale_b,
+                        // The mainloop reads neither (the fused kernel has its own schedule and
+                        // epilogues); the output map only needs a valid address.
+                        expert_rows: 0,
+                        out: a,
+                    },
+                )?;
+                let mut m = params.mainloop;
+                m.error = rank.wait_record();
+                m.timeout_ns = deadline_ns(rank.deadline());
+                Ok::<_, LayerError>(m)
+            };
+            let l1 = mainloop(
+                2 * i,
+                h,
+                128,
+                base + off("l1_pool"),
+                base + off("l1_pool_scales"),
+                w1.ptr(),
+                s1.ptr(),
+            )?;
+            let l2 = mainloop(
+                h,
+                i,
+                spec.group,
+                base + off("l2_pool"),
+                base + off("l2_pool_scales"),
+                w2.ptr(),
+                s2.ptr(),
+            )?;
+            let y = gpu.alloc_zeroed(t_cap * h * 2)?;
+            let params = FusedParams {
+                l1,
+                l2,
+                swiglu: SwigluQuant {
+                    out: base + off("l2_pool"),
+                    out_scales: base + off("l2_pool_scales"),
+                    weights: base + off("ring_weights"),
+                    rows_ld: ring_rows as u32,
+                    inter: i as u32,
+                    group: spec.group as u32,
+                    has_clamp: spec.clamp.is_some() as u32,
+                    clamp: spec.clamp.unwrap_or(0.0),
+                    reserved: [0; 5],
+                },
+                r: FusedRegions {
+                    peer_base,
+                    off_epochs: off("epochs"),
+                    off_signals: off("signals"),
+                    off_error: off("error"),
+                    off_x: off("x"),
+                    off_x_scales: off("x_scales"),
+                    off_topk_idx: off("topk_idx"),
+                    off_topk_weights: off("topk_weights"),
+                    off_counts: off("counts"),
+                    off_send_list: off("send_list"),
+                    off_l1_pool: off("l1_pool"),
+                    off_l1_scales: off("l1_pool_scales"),
+                    off_ring_weights: off("ring_weights"),
+                    off_row_dest: off("row_dest"),
+                    off_plan: off("plan"),
+                    off_src_base: off("src_base"),
+                    off_blocks: off("blocks"),
+                    off_segments: off("segments"),
+                    off_block_flags: off("block_flags"),
+                    off_grid_barrier: off("grid_barrier"),
+                    off_combine: off("combine"),
+                    y: y.ptr(),
+                    wait_record: rank.wait_record(),
+                    deadline_ns: deadline_ns(rank.deadline()),
+                    pull_ahead: megamoe_core::plan::rules::PULL_AHEAD_BLOCKS as u64,
+                    rank: r as i32,
+                    ranks: spec.ranks as i32,
+                    hidden: h as i32,
+                    inter: i as i32,
+                    experts: e as i32,
+                    topk: k as i32,
+                    t_cap: t_cap as i32,
+                    tokens: 0,
+                    bound: 0,
+                    ring_rows: ring_rows as i32,
+                    ring_slots: 0,
+                    lag_units: 0,
+                    n1: (2 * i / 256) as i32,
+                    n2: (h / 256) as i32,
+                    max_blocks: megamoe_core::plan::layout::fused_max_blocks(
+                        &spec.shape,
+                        spec.ranks,
+                        t_cap,
+                    ) as i32,
+                    max_segments: megamoe_core::plan::layout::fused_max_segments(
+                        &spec.shape,
+                        spec.ranks,
+                        t_cap,
+                    ) as i32,
+                },
+            };
+            ranks.push(FusedRank {
+                quantizer: Quantizer::new(&gpu)?,
+                x_bf16: gpu.alloc(spec.max_tokens * h * 2)?,
+                kernel,
+                gpu,
+                params,
+                _weights: [w1, s1, w2, s2],
+                y,
+            });
+        }
+        Ok(FusedLayer {
+            expert_counts: vec![vec![0; el]; spec.ranks],
+            spec,
+            layout,
+            world,
+            buffers,
+            ranks,
+            launch,
+            broken: false,
+        })
+    }
+
+    /// The forward pass: one bf16 `[T, H]` output per rank. Every input is checked before
+    /// anything is written; a bad one is an error naming the rank and the argument.
+    /// `num_tokens_bound`, when given, must be at least every rank's T and at most T_max; a
+    /// smaller bound runs the call in the order (and ring) of that bound.
+    pub fn forward(
+        &mut self,
+        inputs: &[RankInput],
+        num_tokens_bound: Option<usize>,
+    ) -> Result<Vec<Vec<bf16>>> {
+        let staged = self.stage(inputs, num_tokens_bound)?;
+        self.launch(&staged)?;
+        self.finish()?;
+        self.outputs(&staged)
+    }
+
+    /// Cumulative rows received per local expert (index: rank, then local expert), over every
+    /// staged call of this layer: what load balancers read.
+    pub fn expert_counts(&self) -> &[Vec<u64>] {
+        &self.expert_counts
+    }
+
+    /// Checks every rank's inputs, then uploads them.
+    pub fn stage(
+        &mut self,
+        inputs: &[RankInput],
+        num_tokens_bound: Option<usize>,
+    ) -> Result<FusedStaged> {
+        let tokens = check_call(&self.spec, inputs, num_tokens_bound)?;
+        let bound = num_tokens_bound.unwrap_or(self.layout.ring.t_cap);
+        self.upload(inputs, tokens, vec![bound; self.spec.ranks])
+    }
+
+    /// [`Self::stage`] with one bound per rank and no host check of the bounds: the device
+    /// check is what a multi-process world relies on (the selftest's fault checks).
+    pub(crate) fn stage_with_bounds(
+        &mut self,
+        inputs: &[RankInput],
+        bounds: &[usize],
+    ) -> Result<FusedStaged> {
+        let tokens = check_call(&self.spec, inputs, None)?;
+        self.upload(inputs, tokens, bounds.to_vec())
+    }
+
+    fn upload(
+        &mut self,
+        inputs: &[RankInput],
+        tokens: Vec<usize>,
+        bounds: Vec<usize>,
+    ) -> Result<FusedStaged> {
+        self.check_usable()?;
+        let s = &self.spec;
+        let (e, el) = (s.shape.experts, s.shape.local_experts(s.ranks));
+        // The order of the call, from rank 0's bound (every rank computes the same from its own).
+        let ring = self.layout.ring;
+        let bound0 = bounds[0].min(ring.t_cap);
+        let order = call_order(&s.shape, s.ranks, &ring, bound0.max(1), 128);
+        let lag_units = match order.order {
+            Order::SingleWave => 0,
+            Order::Lagged { lag_units } => lag_units,
+        };
+        let off = |name| region(&self.layout, name) as usize;
+        let mut bf16 = Vec::with_capacity(s.ranks);
+        for (r, input) in inputs.iter().enumerate() {
+            let buf = self.buffers.local(r);
+            buf.upload_at(off("topk_idx"), input.topk_idx)?;
+            buf.upload_at(off("topk_weights"), input.topk_weights)?;
+            match input.x {
+                Activations::Bf16(x) => {
+                    self.ranks[r].x_bf16.upload(x)?;
+                    bf16.push(true);
+                }
+                Activations::Fp8 { data, scales } => {
+                    buf.upload_at(off("x"), data)?;
+                    buf.upload_at(off("x_scales"), scales)?;
+                    bf16.push(false);
+                }
+            }
+        }
+        for input in inputs {
+            for &ex in input.topk_idx.iter().filter(|&&ex| ex >= 0) {
+                let ex = ex as usize;
+                self.expert_counts[ex / el][ex % el] += 1;
+            }
+        }
+        debug_assert_eq!(self.expert_counts.len() * el, e);
+        Ok(FusedStaged {
+            tokens,
+            bounds,
+            bf16,
+            lag_units,
+            ring_slots: order.ring_slots,
+        })
+    }
+
+    fn check_usable(&self) -> Result<()> {
+        if self.broken {
+            return Err(Error::Value {
+                arg: "layer",
+                value: "broken".into(),
+                reason: "a device wait of an earlier call expired; build a new layer".into(),
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    /// Queues a staged call on every rank's stream (no host synchronization; errors of the
+    /// device side are reported by [`Self::finish`]).
+    pub fn launch(&mut self, staged: &FusedStaged) -> Result<()> {
+        self.launch_ranks(staged, &vec![true; self.spec.ranks])
+    }
+
+    /// [`Self::launch`] on the ranks marked in `ranks` only: the others never arrive (the
+    /// selftest's fault check of a rank that stops).
+    pub(crate) fn launch_ranks(&mut self, staged: &FusedStaged, ranks: &[bool]) -> Result<()> {
+        self.check_usable()?;
+        let (h, x, xs) = (
+            self.spec.shape.hidden,
+            region(&self.layout, "x") as usize,
+            region(&self.layout, "x_scales") as usize,
+        );
+        for (r, rank) in self.ranks.iter().enumerate() {
+            if staged.bf16[r] && ranks[r] {
+                let buf = self.buffers.local(r);
+                rank.quantizer.launch_at(
+                    &rank.gpu,
+                    &rank.x_bf16,
+                    (buf, x),
+                    (buf, xs),
+                    staged.tokens[r],
+                    h,
+                )?;
+            }
+        }
+        for (r, rank) in self.ranks.iter().enumerate().filter(|(r, _)| ranks[*r]) {
+            let mut p = rank.params;
+            p.r.tokens = staged.tokens[r] as i32;
+            p.r.bound = staged.bounds[r].min(i32::MAX as usize) as i32;
+            p.r.lag_units = staged.lag_units as i32;
+            p.r.ring_slots = staged.ring_slots as i32;
+            rank.gpu.launch(&rank.kernel, &self.launch, &p)?;
+        }
+        Ok(())
+    }
+
+    /// Waits for every rank and reports the first failure of the calls since the last finish:
+    /// a device wait past its deadline (naming the rank and the wait; the layer must then be
+    /// rebuilt) or a call every rank rejected (a bound mismatch; the layer stays usable).
+    pub fn finish(&mut self) -> Result<()> {
+        for rank in &self.ranks {
+            rank.gpu.synchronize()?;
+        }
+        let waits: [&WaitNames; 3] = [&WAITS, &SIGNAL_WAITS, &megamoe_gemm::grouped::WAITS];
+        for rank in self.world.ranks() {
+            if let Err(e) = rank.check_waits(&waits) {
+                self.broken = true;
+                return Err(e.into());
+            }
+        }
+        let off = region(&self.layout, "error") as usize;
+        let mut first = None;
+        let mut rejected = 0;
+        for r in 0..self.spec.ranks {
+            let mut rec = [ErrorRecord::default()];
+            let buf = self.buffers.local(r);
+            buf.download_into(off, &mut rec)?;
+            if rec[0].code != 0 {
+                buf.upload_at(off, &[ErrorRecord::default()])?;
+                first.get_or_insert((r, rec[0]));
+                rejected += 1;
+            }
+        }
+        match first {
+            None => Ok(()),
+            Some((rank, rec)) => Err(LayerError::Rejected {
+                rank,
+                reason: format!(
+                    "{} ({rejected} of {} ranks rejected the call)",
+                    describe(rec),
+                    self.spec.ranks
+                ),
+            }),
+        }
+    }
+
+    /// The GPU handle of rank `rank` (its stream, its timers).
+    pub fn gpu(&self, rank: usize) -> &Gpu {
+        &self.ranks[rank].gpu
+    }
+
+    /// CTAs of each rank's launch.
+    pub fn ctas(&self) -> u32 {
+        self.launch.grid.0
+    }
+
+    /// Downloads the outputs of the last finished call.
+    pub fn outputs(&self, staged: &FusedStaged) -> Result<Vec<Vec<bf16>>> {
+        let h = self.spec.shape.hidden;
+        self.ranks
+            .iter()
+            .zip(&staged.tokens)
+            .map(|(rank, &t)| {
+                let mut y = vec![bf16::ZERO; t * h];
+                rank.y.download_into(0, &mut y)?;
+                Ok(y)
+            })
+            .collect()
+    }
+
+    /// Every rank's staged inputs as bytes: the input rows and scales, the routing, the bf16
+    /// staging (the selftest's "nothing written before validation" check).
+    pub(crate) fn input_bytes(&self) -> Result<Vec<u8>> {
+        let (t, h, k) = (
+            self.spec.max_tokens,
+            self.spec.shape.hidden,
+            self.spec.shape.topk,
+        );
+        let mut out = Vec::new();
+        for r in 0..self.spec.ranks {
+            let buf = self.buffers.local(r);
+            for (name, bytes) in [
+                ("x", t * h),
+                ("x_scales", t * h / 128 * 4),
+                ("topk_idx", t * k * 4),
+                ("topk_weights", t * k * 4),
+            ] {
+                let mut v = vec![0u8; bytes];
+                buf.download_into(region(&self.layout, name) as usize, &mut v)?;
+                out.extend(v);
+            }
+            let mut v = vec![0u8; t * h * 2];
+            self.ranks[r].x_bf16.download_into(0, &mut v)?;
+            out.extend(v);
+        }
+        Ok(out)
+    }
+
+    /// Rank `rank`'s plan of the last finished call: m-blocks, stream segments, tasks, status.
+    pub(crate) fn plan_header(&self, rank: usize) -> Result<[u32; 4]> {
+        let mut h = [0u32; 4];
+        self.buffers
+            .local(rank)
+            .download_into(region(&self.layout, "plan") as usize, &mut h)?;
+        Ok(h)
+    }
+
+    /// Records one staged call (quantizer and kernel) on every rank's stream as a CUDA graph
+    /// per rank. A replay runs the call on whatever inputs were staged since, which must have
+    /// the same T per rank and the same bound as `staged`.
+    pub fn capture(&mut self, staged: &FusedStaged) -> Result<FusedGraph> {
+        self.check_usable()?;
+        let mut graphs = Vec::with_capacity(self.spec.ranks);
+        for rank in &self.ranks {
+            rank.gpu.begin_capture()?;
+        }
+        let launched = self.launch(staged);
+        for rank in &self.ranks {
+            match rank.gpu.end_capture() {
+                Ok(g) => graphs.push(g),
+                Err(e) if launched.is_ok() => return Err(e.into()),
+                Err(_) => {}
+            }
+        }
+        launched?;
+        Ok(FusedGraph {
+            graphs,
+            staged: staged.clone(),
+        })
+    }
+
+    /// Replays `graph` on every rank's stream (checked afterwards by [`Self::finish`]).
+    pub fn replay(&mut self, graph: &FusedGraph, staged: &FusedStaged) -> Result<()> {
+        self.check_usable()?;
+        if staged.tokens != graph.staged.tokens || staged.bounds != graph.staged.bounds {
+            return Err(Error::Value {
+                arg: "staged",
+                value: format!("T {:?}", staged.tokens),
+                reason: format!(
+                    "the graph was captured for T {:?} and bounds {:?}",
+                    graph.staged.tokens, graph.staged.bounds
+                ),
+            }
+            .into());
+        }
+        for (rank, g) in self.ranks.iter().zip(&graph.graphs) {
+            rank.gpu.launch_graph(g)?;
+        }
+        Ok(())
+    }
+}
+
+/// One captured call per rank (see [`FusedLayer::capture`]).
+pub struct FusedGraph {
+    graphs: Vec<megamoe_cuda::Graph>,
+    staged: FusedStaged,
+}
+
+/// What a rejected call's error record means.
+fn describe(rec: ErrorRecord) -> String {
+    match rec.code {
+        FUSED_BAD_BOUND => format!(
+            "num_tokens_bound: rank {} published {} where this rank's bound is {} (bounds must be \
+             equal on every rank, at least every rank's T and at most T_max); no rank ran the call",
+            rec.peer, rec.seen, rec.expected
+        ),
+        FUSED_RING_OVERFLOW => format!(
+            "the call's {} m-blocks do not fit its single-wave ring of {} slots",
+            rec.seen, rec.expected
+        ),
+        code => format!("error code {code}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fused_layer_can_move_to_another_thread() {
+        fn send<T: Send>() {}
+        send::<FusedLayer>();
+    }
+
+    #[test]
+    fn every_wait_id_has_a_name() {
+        for id in 0x300..0x305 {
+            assert!(WAITS.name(id).is_some(), "{id:#x}");
+        }
+        for id in 0x200..0x202 {
+            assert!(SIGNAL_WAITS.name(id).is_some(), "{id:#x}");
+        }
+    }
+}

@@ -1,0 +1,65 @@
+//! The layer API: either form behind one type, chosen by [`LayerSpec::kind`] (fused by
+//! default).
+
+use half::bf16;
+use megamoe_core::weights::RankWeightsFp8;
+
+use crate::error::Result;
+use crate::fused::FusedLayer;
+use crate::spec::{Kind, LayerSpec};
+use crate::split::{RankInput, SplitLayer};
+
+/// The MoE layer of either kind on a world of real or virtual ranks.
+pub enum MoeLayer {
+    Split(Box<SplitLayer>),
+    Fused(Box<FusedLayer>),
+}
+
+impl MoeLayer {
+    /// Builds the layer of `spec.kind` (see [`SplitLayer::new`] and [`FusedLayer::new`]).
+    pub fn new(
+        spec: LayerSpec,
+        weights: impl Fn(usize) -> megamoe_core::Result<RankWeightsFp8>,
+    ) -> Result<MoeLayer> {
+        Ok(match spec.kind {
+            Kind::Split => MoeLayer::Split(Box::new(SplitLayer::new(spec, weights)?)),
+            Kind::Fused => MoeLayer::Fused(Box::new(FusedLayer::new(spec, weights)?)),
+        })
+    }
+
+    pub fn spec(&self) -> &LayerSpec {
+        match self {
+            MoeLayer::Split(l) => &l.spec,
+            MoeLayer::Fused(l) => &l.spec,
+        }
+    }
+
+    /// The forward pass: one bf16 `[T, H]` output per rank; every input is checked before
+    /// anything is written.
+    pub fn forward(
+        &mut self,
+        inputs: &[RankInput],
+        num_tokens_bound: Option<usize>,
+    ) -> Result<Vec<Vec<bf16>>> {
+        match self {
+            MoeLayer::Split(l) => l.forward(inputs, num_tokens_bound),
+            MoeLayer::Fused(l) => l.forward(inputs, num_tokens_bound),
+        }
+    }
+
+    /// Cumulative rows received per local expert (rank, then local expert).
+    pub fn expert_counts(&self) -> &[Vec<u64>] {
+        match self {
+            MoeLayer::Split(l) => l.expert_counts(),
+            MoeLayer::Fused(l) => l.expert_counts(),
+        }
+    }
+
+    /// Every rank's staged input bytes (the "nothing written before validation" check).
+    pub(crate) fn input_bytes(&self) -> Result<Vec<u8>> {
+        match self {
+            MoeLayer::Split(l) => l.input_bytes(),
+            MoeLayer::Fused(l) => l.input_bytes(),
+        }
+    }
+}

@@ -10,7 +10,7 @@ use megamoe_core::{Shape, WeightGen};
 use megamoe_cuda::bench::Stats;
 
 use crate::error::Result;
-use crate::fused::FusedLayer;
+use crate::fused::{FusedLayer, FusedOptions, TraceReport};
 use crate::inputs::{fp8_inputs, quantize_inputs};
 use crate::spec::{Kind, LayerSpec};
 use crate::split::{Phase, SplitLayer};
@@ -29,6 +29,8 @@ pub struct LayerBench {
     pub comm_sms: Option<usize>,
     /// Whether the fused arm runs beside the split one.
     pub fused: bool,
+    /// The fused arm runs the kernel that records its timeline, and each cell reports it.
+    pub trace: bool,
 }
 
 /// One measured cell.
@@ -61,6 +63,8 @@ pub struct FusedCell {
     pub ratio_max: f64,
     /// The call's order: lag in units (None: a single wave).
     pub lag_units: Option<usize>,
+    /// Where rank 0's last call spent its time (with [`LayerBench::trace`]).
+    pub trace: Option<TraceReport>,
 }
 
 /// Runs every cell.
@@ -76,7 +80,15 @@ pub fn run(b: &LayerBench, progress: &dyn Fn(&str)) -> Result<Vec<LayerRow>> {
             kind: Kind::Fused,
             ..spec
         };
-        Some(FusedLayer::new(spec, |r| gen.rank_fp8(r, b.ranks))?)
+        let options = FusedOptions {
+            trace: b.trace,
+            ..FusedOptions::default()
+        };
+        Some(FusedLayer::with_options(
+            spec,
+            |r| gen.rank_fp8(r, b.ranks),
+            options,
+        )?)
     } else {
         None
     };
@@ -139,15 +151,23 @@ pub fn run(b: &LayerBench, progress: &dyn Fn(&str)) -> Result<Vec<LayerRow>> {
         // Every rank does 1/R of the work at once.
         let floor_s = floor_seconds(flops / b.ranks as f64, weight_bytes / b.ranks as f64, 0.0);
         let split_us = Stats::of(&split).median_ms * 1e3;
-        let fused_cell = fused_staged.map(|st| {
-            let r: Vec<f64> = fused_ms.iter().zip(&split).map(|(f, s)| f / s).collect();
-            FusedCell {
-                us: Stats::of(&fused_ms).median_ms * 1e3,
-                ratio_min: r.iter().copied().fold(f64::INFINITY, f64::min),
-                ratio_max: r.iter().copied().fold(0.0, f64::max),
-                lag_units: st.lag_units(),
+        let fused_cell = match (fused.as_ref(), fused_staged) {
+            (Some(f), Some(st)) => {
+                let r: Vec<f64> = fused_ms.iter().zip(&split).map(|(f, s)| f / s).collect();
+                Some(FusedCell {
+                    us: Stats::of(&fused_ms).median_ms * 1e3,
+                    ratio_min: r.iter().copied().fold(f64::INFINITY, f64::min),
+                    ratio_max: r.iter().copied().fold(0.0, f64::max),
+                    lag_units: st.lag_units(),
+                    trace: if b.trace {
+                        Some(f.trace_report(0)?)
+                    } else {
+                        None
+                    },
+                })
             }
-        });
+            _ => None,
+        };
         rows.push(LayerRow {
             fused: fused_cell,
             tokens,

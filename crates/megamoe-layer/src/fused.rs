@@ -33,8 +33,8 @@ use megamoe_gemm::GemmPointers;
 
 use crate::error::{LayerError, Result};
 use crate::kernel::{
-    fused_smem_bytes, fused_spec, l1_config, FusedParams, FusedRegions, SwigluQuant,
-    FUSED_BAD_BOUND, FUSED_RING_OVERFLOW, FUSED_THREADS,
+    fused_smem_bytes, fused_spec, l1_config, FusedParams, FusedRegions, FusedTraceParams,
+    SwigluQuant, FUSED_BAD_BOUND, FUSED_RING_OVERFLOW, FUSED_THREADS,
 };
 use crate::spec::{LayerSpec, POOL_PAD};
 use crate::split::{check_call, comm_sms, Activations, RankInput};
@@ -97,6 +97,52 @@ struct FusedRank {
     x_bf16: DeviceBuffer,
     y: DeviceBuffer,
     quantizer: Quantizer,
+    /// The traced kernel's timeline (impls/fused_trace.cuh), when the layer records one.
+    trace: Option<DeviceBuffer>,
+}
+
+/// How a fused layer is built beyond its spec.
+#[derive(Clone, Copy, Debug)]
+pub struct FusedOptions {
+    /// Budget of every device wait.
+    pub deadline: std::time::Duration,
+    /// Run the kernel instantiation that records its timeline ([`FusedLayer::trace_report`]).
+    pub trace: bool,
+}
+
+impl Default for FusedOptions {
+    fn default() -> Self {
+        FusedOptions {
+            deadline: DEFAULT_DEADLINE,
+            trace: false,
+        }
+    }
+}
+
+/// Bytes of the device's `CtaTrace` and `TaskTrace` (impls/fused_trace.cuh).
+const CTA_TRACE_BYTES: usize = 48;
+const TASK_TRACE_BYTES: usize = 80;
+
+/// Where one call's time went on one rank, from the traced kernel's timeline (µs).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TraceReport {
+    /// Median over CTAs of each phase: routing exchange, plan (to the grid barrier), tasks,
+    /// wait for every rank's rows, combine.
+    pub phases_us: [f64; 5],
+    /// Per task kind (L1, L2): tasks, and the mean of the producer's wait on the block counter,
+    /// the consumers' gap before the task (from the previous task's end), mainloop and epilogue.
+    pub kinds: [KindTrace; 2],
+    /// Σ mainloop / Σ (tasks phase) over the consumer warpgroups: how busy the tensor cores' feeders were.
+    pub mainloop_share: f64,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct KindTrace {
+    pub tasks: usize,
+    pub producer_wait_us: f64,
+    pub gap_us: f64,
+    pub mainloop_us: f64,
+    pub epilogue_us: f64,
 }
 
 /// The fused MoE layer on a world of real or virtual ranks.
@@ -136,8 +182,21 @@ impl FusedLayer {
         weights: impl Fn(usize) -> megamoe_core::Result<RankWeightsFp8>,
         deadline: std::time::Duration,
     ) -> Result<FusedLayer> {
+        let options = FusedOptions {
+            deadline,
+            ..FusedOptions::default()
+        };
+        FusedLayer::with_options(spec, weights, options)
+    }
+
+    /// [`Self::new`] with `options`.
+    pub fn with_options(
+        spec: LayerSpec,
+        weights: impl Fn(usize) -> megamoe_core::Result<RankWeightsFp8>,
+        options: FusedOptions,
+    ) -> Result<FusedLayer> {
         spec.validate()?;
-        FusedLayer::build(spec, weights, deadline, spec.fused_layout()?)
+        FusedLayer::build(spec, weights, options, spec.fused_layout()?)
     }
 
     /// The layer with its ring clamped to the full pool, so it never wraps: the selftest's
@@ -150,13 +209,13 @@ impl FusedLayer {
         let ring = RingSizing::full_pool(&spec.shape, spec.ranks, spec.max_tokens);
         let layout =
             SymmetricLayout::with_ring(Kernel::Fused, &spec.shape, spec.ranks, spec.group, ring)?;
-        FusedLayer::build(spec, weights, DEFAULT_DEADLINE, layout)
+        FusedLayer::build(spec, weights, FusedOptions::default(), layout)
     }
 
     fn build(
         spec: LayerSpec,
         weights: impl Fn(usize) -> megamoe_core::Result<RankWeightsFp8>,
-        deadline: std::time::Duration,
+        options: FusedOptions,
         layout: SymmetricLayout,
     ) -> Result<FusedLayer> {
         let (h, i, e, k) = (
@@ -166,12 +225,12 @@ impl FusedLayer {
             spec.shape.topk,
         );
         let el = spec.shape.local_experts(spec.ranks);
-        let world = World::with_deadline(spec.ranks, deadline)?;
+        let world = World::with_deadline(spec.ranks, options.deadline)?;
         let sms = world.ranks()[0].gpu.props().sm_count as usize;
         let ctas = comm_sms(None, spec.ranks, world.gpu_count(), sms);
         let launch = LaunchConfig::new(ctas as u32, FUSED_THREADS)
             .with_dynamic_smem(fused_smem_bytes(spec.group) as u32);
-        let compiled = jit::compile(&fused_spec(spec.group))?;
+        let compiled = jit::compile(&fused_spec(spec.group, options.trace))?;
         let kernels = world.load(&compiled)?;
         let buffers = world.alloc_symmetric(layout.total_bytes as usize)?;
         let ring_rows = layout.pool_rows;
@@ -248,6 +307,15 @@ impl FusedLayer {
                 s2.ptr(),
             )?;
             let y = gpu.alloc_zeroed(t_cap * h * 2)?;
+            let max_blocks =
+                megamoe_core::plan::layout::fused_max_blocks(&spec.shape, spec.ranks, t_cap);
+            let (n1, n2) = (2 * i / 256, h / 256);
+            let trace = if options.trace {
+                let tasks = (max_blocks * (n1 + n2)).div_ceil(ctas);
+                Some(gpu.alloc_zeroed(ctas * (CTA_TRACE_BYTES + tasks * TASK_TRACE_BYTES))?)
+            } else {
+                None
+            };
             let params = FusedParams {
                 l1,
                 l2,
@@ -300,13 +368,9 @@ impl FusedLayer {
                     ring_rows: ring_rows as i32,
                     ring_slots: 0,
                     lag_units: 0,
-                    n1: (2 * i / 256) as i32,
-                    n2: (h / 256) as i32,
-                    max_blocks: megamoe_core::plan::layout::fused_max_blocks(
-                        &spec.shape,
-                        spec.ranks,
-                        t_cap,
-                    ) as i32,
+                    n1: n1 as i32,
+                    n2: n2 as i32,
+                    max_blocks: max_blocks as i32,
                     max_segments: megamoe_core::plan::layout::fused_max_segments(
                         &spec.shape,
                         spec.ranks,
@@ -322,6 +386,7 @@ impl FusedLayer {
                 params,
                 _weights: [w1, s1, w2, s2],
                 y,
+                trace,
             });
         }
         Ok(FusedLayer {
@@ -476,7 +541,16 @@ impl FusedLayer {
             p.r.bound = staged.bounds[r].min(i32::MAX as usize) as i32;
             p.r.lag_units = staged.lag_units as i32;
             p.r.ring_slots = staged.ring_slots as i32;
-            rank.gpu.launch(&rank.kernel, &self.launch, &p)?;
+            match &rank.trace {
+                None => rank.gpu.launch(&rank.kernel, &self.launch, &p)?,
+                Some(t) => {
+                    let traced = FusedTraceParams {
+                        fused: p,
+                        trace: t.ptr(),
+                    };
+                    rank.gpu.launch(&rank.kernel, &self.launch, &traced)?
+                }
+            }
         }
         Ok(())
     }
@@ -582,6 +656,23 @@ impl FusedLayer {
         Ok(h)
     }
 
+    /// Where rank `rank`'s last finished call spent its time (a layer built with
+    /// [`FusedOptions::trace`]).
+    pub fn trace_report(&self, rank: usize) -> Result<TraceReport> {
+        let Some(buf) = &self.ranks[rank].trace else {
+            return Err(Error::Value {
+                arg: "trace",
+                value: "off".into(),
+                reason: "the layer was built without FusedOptions::trace".into(),
+            }
+            .into());
+        };
+        let words = buf.download::<u64>()?;
+        let ctas = self.ctas() as usize;
+        let per_cta = (words.len() - ctas * CTA_TRACE_BYTES / 8) / ctas / (TASK_TRACE_BYTES / 8);
+        Ok(trace_report(&words, ctas, per_cta))
+    }
+
     /// Records one staged call (quantizer and kernel) on every rank's stream as a CUDA graph
     /// per rank. A replay runs the call on whatever inputs were staged since, which must have
     /// the same T per rank and the same bound as `staged`.
@@ -633,6 +724,61 @@ pub struct FusedGraph {
     staged: FusedStaged,
 }
 
+/// The report of one timeline: `words` = [ctas] CtaTrace then [ctas][per_cta] TaskTrace, as u64
+/// (a TaskTrace's last word holds kind and block; slots never written are zero).
+fn trace_report(words: &[u64], ctas: usize, per_cta: usize) -> TraceReport {
+    let cta = |c: usize| &words[c * 6..c * 6 + 6];
+    let us = |a: u64, b: u64| b.saturating_sub(a) as f64 * 1e-3;
+    let mut phases = [const { Vec::new() }; 5];
+    for c in 0..ctas {
+        let t = cta(c);
+        for (p, v) in phases.iter_mut().enumerate() {
+            v.push(us(t[p], t[p + 1]));
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    let mut report = TraceReport::default();
+    for (p, v) in phases.iter_mut().enumerate() {
+        report.phases_us[p] = median(v);
+    }
+    let tasks = &words[ctas * 6..];
+    let (mut mainloop_total, mut busy_total) = (0.0, 0.0);
+    for c in 0..ctas {
+        busy_total += 2.0 * us(cta(c)[2], cta(c)[3]);
+        let mut prev_end = [cta(c)[2]; 2];
+        for j in 0..per_cta {
+            let t = &tasks[(c * per_cta + j) * 10..][..10];
+            if t[3] == 0 {
+                break; // this CTA had no more tasks
+            }
+            let kind = (t[9] & 0xffff_ffff) as usize;
+            let k = &mut report.kinds[kind.min(1)];
+            k.tasks += 1;
+            k.producer_wait_us += us(t[0], t[1]);
+            for (wg, end) in prev_end.iter_mut().enumerate() {
+                let w = &t[3 + 3 * wg..][..3];
+                k.gap_us += us(*end, w[0]) / 2.0;
+                k.mainloop_us += us(w[0], w[1]) / 2.0;
+                k.epilogue_us += us(w[1], w[2]) / 2.0;
+                mainloop_total += us(w[0], w[1]);
+                *end = w[2];
+            }
+        }
+    }
+    for k in &mut report.kinds {
+        let n = k.tasks.max(1) as f64;
+        k.producer_wait_us /= n;
+        k.gap_us /= n;
+        k.mainloop_us /= n;
+        k.epilogue_us /= n;
+    }
+    report.mainloop_share = mainloop_total / busy_total.max(1e-9);
+    report
+}
+
 /// What a rejected call's error record means.
 fn describe(rec: ErrorRecord) -> String {
     match rec.code {
@@ -657,6 +803,55 @@ mod tests {
     fn a_fused_layer_can_move_to_another_thread() {
         fn send<T: Send>() {}
         send::<FusedLayer>();
+    }
+
+    #[test]
+    fn a_timeline_reads_as_phases_and_per_kind_means() {
+        // Two CTAs, two task slots each; CTA 1 ran one task. Times in ns.
+        let (ctas, per_cta) = (2, 2);
+        let mut w = vec![0u64; ctas * 6 + ctas * per_cta * 10];
+        w[..6].copy_from_slice(&[0, 1_000, 3_000, 103_000, 104_000, 110_000]);
+        w[6..12].copy_from_slice(&[0, 1_000, 3_000, 53_000, 104_000, 110_000]);
+        let task = |wait: [u64; 3], wg0: [u64; 3], wg1: [u64; 3], kind: u64| {
+            let mut t = vec![wait[0], wait[1], wait[2]];
+            t.extend(wg0);
+            t.extend(wg1);
+            t.push(kind | 7 << 32);
+            t
+        };
+        let base = ctas * 6;
+        // CTA 0: an L1 task (40 µs mainloop, 5 µs epilogue), then an L2 task after a 2 µs gap.
+        w[base..base + 10].copy_from_slice(&task(
+            [3_000, 4_000, 4_500],
+            [3_000, 43_000, 48_000],
+            [3_000, 43_000, 48_000],
+            0,
+        ));
+        w[base + 10..base + 20].copy_from_slice(&task(
+            [44_000, 46_000, 47_000],
+            [50_000, 98_000, 103_000],
+            [50_000, 98_000, 103_000],
+            1,
+        ));
+        // CTA 1: one L1 task.
+        w[base + 20..base + 30].copy_from_slice(&task(
+            [3_000, 3_000, 3_500],
+            [3_000, 43_000, 53_000],
+            [3_000, 43_000, 53_000],
+            0,
+        ));
+        let r = trace_report(&w, ctas, per_cta);
+        assert_eq!(r.phases_us[0], 1.0);
+        assert_eq!(r.phases_us[1], 2.0);
+        assert_eq!(r.phases_us[2], 100.0); // median of 100 and 50
+        assert_eq!((r.kinds[0].tasks, r.kinds[1].tasks), (2, 1));
+        assert_eq!(r.kinds[0].producer_wait_us, 0.5);
+        assert_eq!(r.kinds[0].mainloop_us, 40.0);
+        assert_eq!(r.kinds[0].epilogue_us, 7.5);
+        assert_eq!(r.kinds[1].gap_us, 2.0);
+        assert_eq!(r.kinds[1].mainloop_us, 48.0);
+        // (2·40 + 2·48 + 2·40) / (2·100 + 2·50)
+        assert!((r.mainloop_share - 256.0 / 300.0).abs() < 1e-12);
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub const HEADERS: Headers = megamoe_cuda::header_set!(
         "megamoe_layer/epilogue/swiglu_quant.cuh",
         "megamoe_layer/impls/fused.cuh",
         "megamoe_layer/impls/fused_params.cuh",
+        "megamoe_layer/impls/fused_trace.cuh",
         "megamoe_layer/impls/split_l1.cuh",
         "megamoe_layer/scheduler/task_stream.cuh",
     ]
@@ -127,16 +128,30 @@ pub struct FusedParams {
     pub r: FusedRegions,
 }
 
+/// The traced instantiation's parameters (device: `megamoe::layer::FusedTraceParams`).
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug)]
+pub struct FusedTraceParams {
+    pub fused: FusedParams,
+    /// The timeline ([`crate::fused::TraceReport`]).
+    pub trace: u64,
+}
+
 const _: () = assert!(std::mem::size_of::<FusedRegions>() == 32 * 8 + 16 * 4);
 const _: () = assert!(std::mem::offset_of!(FusedRegions, y) == 8 * (8 + 20));
 const _: () = assert!(std::mem::offset_of!(FusedRegions, rank) == 256);
 const _: () = assert!(std::mem::offset_of!(FusedRegions, max_segments) == 316);
 const _: () = assert!(std::mem::size_of::<FusedParams>() == 448 * 2 + 64 + 320);
+const _: () = assert!(std::mem::offset_of!(FusedTraceParams, trace) == 1280);
+// 1280 + 8, rounded up to the struct's 64-byte alignment.
+const _: () = assert!(std::mem::size_of::<FusedTraceParams>() == 1344);
 const _: () = assert!(std::mem::offset_of!(FusedParams, swiglu) == 896);
 const _: () = assert!(std::mem::offset_of!(FusedParams, r) == 960);
 // SAFETY: plain data (tensor maps, integers, floats), sizes and offsets asserted above and in
 // fused_params.cuh.
 unsafe impl Pod for FusedParams {}
+// SAFETY: as FusedParams, and a u64.
+unsafe impl Pod for FusedTraceParams {}
 
 /// Error codes the fused kernel leaves in its buffer's error record (device: `FusedError`).
 pub const FUSED_BAD_BOUND: u32 = 4;
@@ -150,15 +165,24 @@ pub fn fused_stages(group: usize) -> usize {
     max_stages(128, 256, group.min(128))
 }
 
-/// The fused kernel's translation unit for G.
-pub fn fused_spec(group: usize) -> KernelSpec {
+/// The fused kernel's translation unit for G; `trace`: the instantiation that records its
+/// timeline (`megamoe bench layer --trace`).
+pub fn fused_spec(group: usize, trace: bool) -> KernelSpec {
     let stages = fused_stages(group);
-    let name = format!("layer_fused_s{stages}_g{group}");
+    let name = format!(
+        "layer_fused_s{stages}_g{group}{}",
+        if trace { "_trace" } else { "" }
+    );
+    let (params, call) = if trace {
+        ("FusedTraceParams", "p.fused, p.trace")
+    } else {
+        ("FusedParams", "p, 0")
+    };
     let source = format!(
         "#include <megamoe_layer/impls/fused.cuh>\n\
          extern \"C\" __global__ void __launch_bounds__({FUSED_THREADS}, 1)\n\
-         {name}(const __grid_constant__ megamoe::layer::FusedParams p) {{\n\
-         \x20   megamoe::layer::fused_moe<{stages}, {group}>(p);\n\
+         {name}(const __grid_constant__ megamoe::layer::{params} p) {{\n\
+         \x20   megamoe::layer::fused_moe<{stages}, {group}, {trace}>({call});\n\
          }}\n",
     );
     KernelSpec {
@@ -244,8 +268,9 @@ pub fn split_l1_spec(config: &GemmConfig) -> KernelSpec {
 pub fn kernel_specs() -> Vec<KernelSpec> {
     vec![
         split_l1_spec(&l1_config(132)),
-        fused_spec(128),
-        fused_spec(64),
+        fused_spec(128, false),
+        fused_spec(64, false),
+        fused_spec(128, true),
     ]
 }
 

@@ -44,6 +44,11 @@ pub struct Args {
     /// Blocks per rank for dispatch and combine (default: the layer's).
     #[arg(long)]
     pub comm_sms: Option<usize>,
+    /// Time the fused kernel that records its timeline and print where each cell's time went
+    /// (rank 0's last call): phases, and per task kind the producer's wait, the consumers' gap,
+    /// mainloop and epilogue.
+    #[arg(long)]
+    pub trace: bool,
     /// Seed of the weights and the batch.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -84,7 +89,11 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         iters: args.iters,
         comm_sms: args.comm_sms,
         fused,
+        trace: args.trace,
     };
+    if args.trace && !fused {
+        return Err("--trace times the fused kernel: add fused to --kernel".into());
+    }
     println!(
         "bench layer: {} (H {} I {} E {} top-{}), {} rank(s), {}, {} routing, masked {}, buffers for {} tokens/rank, {} rounds x median of {}",
         args.preset,
@@ -146,6 +155,41 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             best / r.floor_us,
             r.tflops * r.split_us / best
         );
+    }
+    if args.trace {
+        println!("fused timeline, rank 0 (us; phases are medians over CTAs, task columns means per task):");
+        println!(
+            "{:>7} {:>8} {:>8} {:>9} {:>8} {:>8} {:>6} | {:>6} {:>8} {:>6} {:>9} {:>9} | {:>6} {:>8} {:>6} {:>9} {:>9}",
+            "tokens", "routing", "plan", "tasks", "wait", "combine", "busy",
+            "L1 n", "p.wait", "gap", "mainloop", "epilogue",
+            "L2 n", "p.wait", "gap", "mainloop", "epilogue"
+        );
+        for r in &rows {
+            let Some(t) = r.fused.as_ref().and_then(|f| f.trace.as_ref()) else {
+                continue;
+            };
+            let [a, b] = t.kinds;
+            println!(
+                "{:>7} {:>8.1} {:>8.1} {:>9.1} {:>8.1} {:>8.1} {:>6.3} | {:>6} {:>8.2} {:>6.2} {:>9.2} {:>9.2} | {:>6} {:>8.2} {:>6.2} {:>9.2} {:>9.2}",
+                r.tokens,
+                t.phases_us[0],
+                t.phases_us[1],
+                t.phases_us[2],
+                t.phases_us[3],
+                t.phases_us[4],
+                t.mainloop_share,
+                a.tasks,
+                a.producer_wait_us,
+                a.gap_us,
+                a.mainloop_us,
+                a.epilogue_us,
+                b.tasks,
+                b.producer_wait_us,
+                b.gap_us,
+                b.mainloop_us,
+                b.epilogue_us
+            );
+        }
     }
     println!("each phase of the split layer alone (median us):");
     print!("{:>7}", "tokens");

@@ -46,8 +46,15 @@ struct FusedParams {
     FusedRegions r;
 };
 
+// The traced instantiation's parameters (impls/fused_trace.cuh): the same, and its timeline.
+struct FusedTraceParams {
+    FusedParams fused;
+    u64 trace;
+};
+
 MEGAMOE_PARAMS_LAYOUT(FusedRegions, 32 * 8 + 16 * 4, 8);
 MEGAMOE_PARAMS_LAYOUT(FusedParams, 448 * 2 + 64 + 320, 64);
+MEGAMOE_PARAMS_LAYOUT(FusedTraceParams, 1344, 64);  // 1280 + 8, rounded up to the alignment
 
 // Error codes of the buffer's error record (megamoe-core's layout; ep::ErrorRecord's shape).
 enum FusedError : u32 { kBadBound = 4, kRingOverflow = 5 };

@@ -88,6 +88,7 @@ def test_group_and_clamp_are_taken():
         (dict(num_topk=0), "num_topk"),
         (dict(num_experts=0), "num_experts"),
         (dict(num_max_tokens_per_rank=0), "num_max_tokens_per_rank"),
+        (dict(num_max_tokens_per_rank=2**33), "num_max_tokens_per_rank"),  # past u32
         (dict(group=96), "group"),
         (dict(clamp=-1.0), "clamp"),
         (dict(clamp=float("nan")), "clamp"),

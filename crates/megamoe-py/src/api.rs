@@ -58,9 +58,11 @@ impl LayerArgs<'_> {
             )
         };
         spec.validate()?;
-        // The planner has rules of its own (G against I, the token bound); its error here keeps
-        // the size query from panicking on them.
-        spec.fused_layout()?;
+        // The fused kind's planner has rules of its own (G against I, the token bound); asking
+        // it here makes them a ValueError instead of a panic in the size query.
+        if spec.kind == Kind::Fused {
+            spec.fused_layout()?;
+        }
         Ok(spec)
     }
 }
@@ -222,6 +224,13 @@ mod tests {
             (
                 LayerArgs {
                     num_max_tokens_per_rank: 0,
+                    ..ok.clone()
+                },
+                "num_max_tokens_per_rank",
+            ),
+            (
+                LayerArgs {
+                    num_max_tokens_per_rank: 1 << 33,
                     ..ok.clone()
                 },
                 "num_max_tokens_per_rank",

@@ -1,7 +1,8 @@
 """megamoe: the expert-parallel Mixture-of-Experts layer for NVIDIA Hopper GPUs.
 
 This build has what needs no GPU: the size query (``get_symm_buffer_size``), the presets, the
-GPU probe (``gpu_available``, ``info``) and ``MoELayer``'s argument checks. The GPU forward,
+GPU probe (``gpu_available``, ``info``), the CPU reference of the layer on a generated batch
+(``reference_forward``) and ``MoELayer``'s argument checks. The GPU forward,
 dispatch/combine with autograd, the grouped GEMM and multi-process use are not in it yet.
 
 Errors: ``ValueError`` for a bad argument (the message names it), ``RuntimeError`` when no CUDA
@@ -15,6 +16,7 @@ from ._megamoe import (
     gpu_available,
     info,
     presets,
+    reference_forward,
 )
 
 __all__ = [
@@ -24,4 +26,5 @@ __all__ = [
     "gpu_available",
     "info",
     "presets",
+    "reference_forward",
 ]

@@ -1,5 +1,5 @@
-"""What the package does without a GPU: import, presets, the size query, argument checks, and
-MoELayer's refusal when no GPU can be used."""
+"""What the package does without a GPU: import, presets, the size query, argument checks, the
+CPU reference, and MoELayer's refusal when no GPU can be used."""
 
 import json
 import pathlib
@@ -48,14 +48,16 @@ def test_size_query_matches_the_plan():
     assert fused["symmetric_bytes"] < split["symmetric_bytes"] / 4
 
 
+def command_line():
+    """The megamoe binary `cargo test` builds, or a skip where there is none."""
+    for p in (ROOT / "target/debug/megamoe", ROOT / "target/release/megamoe"):
+        if p.exists():
+            return p
+    pytest.skip("no megamoe binary under target/")
+
+
 def test_size_query_matches_the_command_line():
-    # cargo test builds the command line; compare against it where it is there.
-    exe = next(
-        (p for p in (ROOT / "target/debug/megamoe", ROOT / "target/release/megamoe") if p.exists()),
-        None,
-    )
-    if exe is None:
-        pytest.skip("no megamoe binary under target/")
+    exe = command_line()
     for preset, ranks, tokens in [("flash", 8, 8192), ("pro", 8, 4096), ("tiny", 2, 64)]:
         out = subprocess.run(
             [exe, "plan", "--preset", preset, "--ranks", str(ranks), "--tokens", str(tokens), "--json"],
@@ -67,6 +69,39 @@ def test_size_query_matches_the_command_line():
         h, i, e, k = megamoe.presets()[preset]
         got = megamoe.get_symm_buffer_size(ranks, e, tokens, k, h, i)
         assert got["symmetric_bytes"] == plan["fused_bytes"], preset
+
+
+def test_reference_matches_the_command_line():
+    ref = megamoe.reference_forward("tiny", 2, 64, seed=3)
+    assert ref["hidden"] == 256
+    assert [len(b) for b in ref["outputs"]] == [64 * 256 * 2] * 2  # bf16 [T, H] per rank
+    assert any(ref["outputs"][0])
+    # The same global batch on one rank gives the same bits.
+    one = megamoe.reference_forward("tiny", 1, 128, seed=3)
+    assert one["outputs"][0] == b"".join(ref["outputs"])
+    assert one["hash"] == ref["hash"]
+    out = subprocess.run(
+        [command_line(), "run", "--preset", "tiny", "--ranks", "2", "--tokens", "64",
+         "--seed", "3", "--backend", "cpu", "--json"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert json.loads(out)["output_hash"] == ref["hash"]
+
+
+@pytest.mark.parametrize(
+    "args, arg",
+    [
+        (("huge", 2, 64), "preset"),
+        (("tiny", 3, 64), "num_ranks"),
+        (("tiny", 2, -1), "num_tokens"),
+        (("tiny", 2, 64, 0, "skewed"), "routing"),
+    ],
+)
+def test_reference_bad_arguments(args, arg):
+    with pytest.raises(ValueError, match=arg):
+        megamoe.reference_forward(*args)
 
 
 def test_group_and_clamp_are_taken():

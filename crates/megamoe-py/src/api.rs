@@ -6,6 +6,8 @@ use std::convert::Infallible;
 
 use megamoe_core::preset::{Shape, PRESETS};
 use megamoe_core::quant::default_group;
+use megamoe_core::routing::{generate_world, RoutingKind, RoutingSpec};
+use megamoe_core::{diff, fused_layer, LayerOptions, Preset, WeightGen};
 use megamoe_cuda::probe;
 use megamoe_layer::{Kind, LayerBytes, LayerSpec};
 
@@ -84,6 +86,68 @@ pub fn presets() -> Vec<(&'static str, PresetShape)> {
             (p.name, (s.hidden, s.inter, s.experts, s.topk))
         })
         .collect()
+}
+
+/// Most tokens per rank [`reference_forward`] takes.
+pub const MAX_REFERENCE_TOKENS: usize = 1 << 16;
+
+/// The CPU reference of the layer (SPEC §3) on a generated batch: what `megamoe run --backend
+/// cpu` computes for the same preset, ranks, tokens, seed and routing.
+pub struct Reference {
+    /// bf16 `[T, H]` per rank.
+    pub outputs: Vec<Vec<half::bf16>>,
+    /// `diff::output_hash` of the outputs, as `megamoe run` prints it.
+    pub hash: String,
+    pub hidden: usize,
+}
+
+/// Runs [`fused_layer`] with seeded weights ([`WeightGen`]) on a generated world; `routing`
+/// is "uniform" or "zipf" (exponent 1, the command line's default).
+pub fn reference_forward(
+    preset: &str,
+    num_ranks: i64,
+    num_tokens: i64,
+    seed: u64,
+    routing: &str,
+) -> Result<Reference> {
+    let shape = Preset::by_name(preset)?.shape;
+    let ranks = count("num_ranks", num_ranks)?;
+    let tokens = count("num_tokens", num_tokens)?;
+    // A batch past this would take hours on the CPU, and one far past it would fail to
+    // allocate, which aborts the process instead of raising.
+    if tokens > MAX_REFERENCE_TOKENS {
+        return Err(Error::Value(format!(
+            "num_tokens: {tokens} exceeds the CPU reference's {MAX_REFERENCE_TOKENS} per rank"
+        )));
+    }
+    shape.validate(ranks)?;
+    let kind = match routing {
+        "uniform" => RoutingKind::Uniform,
+        "zipf" => RoutingKind::Zipf { exponent: 1.0 },
+        _ => {
+            return Err(Error::Value(format!(
+                "routing: {routing:?} must be \"uniform\" or \"zipf\""
+            )))
+        }
+    };
+    let spec = RoutingSpec {
+        kind,
+        seed,
+        ..RoutingSpec::default()
+    };
+    let world = generate_world(shape, ranks, tokens, &spec)?;
+    let weights = WeightGen::new(shape, seed);
+    let outputs = fused_layer(
+        &world,
+        &weights,
+        &LayerOptions::for_shape(&shape),
+        &|_, _| {},
+    )?;
+    Ok(Reference {
+        hash: format!("{:016x}", diff::output_hash(&outputs)),
+        outputs,
+        hidden: shape.hidden,
+    })
 }
 
 /// GPUs visible through the driver, or why none can be used.
@@ -295,6 +359,28 @@ mod tests {
                 "{e:?}"
             );
             assert!(info().contains("gpus     none"), "{}", info());
+        }
+    }
+
+    #[test]
+    fn the_reference_is_the_command_lines_and_does_not_depend_on_ranks() {
+        let two = reference_forward("tiny", 2, 16, 7, "uniform").unwrap();
+        assert_eq!(two.outputs.len(), 2);
+        assert_eq!(two.outputs[0].len(), 16 * 256);
+        // The same global batch over one rank gives the same bits (SPEC §3).
+        let one = reference_forward("tiny", 1, 32, 7, "uniform").unwrap();
+        assert_eq!(one.outputs[0], two.outputs.concat());
+        for (preset, ranks, tokens, routing, arg) in [
+            ("huge", 2, 16, "uniform", "preset"),
+            ("tiny", 3, 16, "uniform", "num_ranks"),
+            ("tiny", 2, -1, "uniform", "num_tokens"),
+            ("tiny", 2, 1 << 20, "uniform", "num_tokens"),
+            ("tiny", 2, 16, "skewed", "routing"),
+        ] {
+            match reference_forward(preset, ranks, tokens, 0, routing) {
+                Err(Error::Value(m)) => assert!(m.contains(arg), "{arg}: {m}"),
+                other => panic!("{arg}: {:?}", other.map(|r| r.hash)),
+            }
         }
     }
 }

@@ -2,7 +2,7 @@
 
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyBytes, PyDict};
 
 use crate::api::{self, LayerArgs};
 use crate::error::Error;
@@ -72,6 +72,44 @@ fn presets(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     Ok(d)
 }
 
+/// The CPU reference of the layer (the numbers the GPU layer is checked against) on a
+/// generated batch: `num_ranks` ranks of `num_tokens` tokens each, seeded routing ("uniform"
+/// or "zipf") and seeded FP8 weights, as `megamoe run --backend cpu` computes it.
+///
+/// Returns a dict: `outputs`, one bytes object per rank holding bf16 `[num_tokens, hidden]`
+/// little-endian (`torch.frombuffer(b, dtype=torch.bfloat16).view(-1, hidden)`), `hidden`,
+/// and `hash`, the output hash `megamoe run` prints. Takes seconds for `tiny`, tens of
+/// seconds of CPU time for a few dozen `flash` tokens.
+#[pyfunction]
+#[pyo3(signature = (preset, num_ranks, num_tokens, seed = 0, routing = "uniform"))]
+fn reference_forward<'py>(
+    py: Python<'py>,
+    preset: &str,
+    num_ranks: i64,
+    num_tokens: i64,
+    seed: u64,
+    routing: &str,
+) -> PyResult<Bound<'py, PyDict>> {
+    // The reference runs on every core; other Python threads go on meanwhile.
+    let r = py.detach(|| api::reference_forward(preset, num_ranks, num_tokens, seed, routing))?;
+    let d = PyDict::new(py);
+    let outputs: Vec<Bound<'py, PyBytes>> = r
+        .outputs
+        .iter()
+        .map(|rank| {
+            let bytes: Vec<u8> = rank
+                .iter()
+                .flat_map(|v| v.to_bits().to_le_bytes())
+                .collect();
+            PyBytes::new(py, &bytes)
+        })
+        .collect();
+    d.set_item("outputs", outputs)?;
+    d.set_item("hidden", r.hidden)?;
+    d.set_item("hash", r.hash)?;
+    Ok(d)
+}
+
 /// Whether a CUDA GPU can be used (libcuda loads and reports a device). Never raises.
 #[pyfunction]
 fn gpu_available() -> bool {
@@ -129,6 +167,7 @@ impl MoELayer {
 fn _megamoe(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(get_symm_buffer_size, m)?)?;
     m.add_function(wrap_pyfunction!(presets, m)?)?;
+    m.add_function(wrap_pyfunction!(reference_forward, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_available, m)?)?;
     m.add_function(wrap_pyfunction!(info, m)?)?;
     m.add_class::<MoELayer>()?;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what the kernel-compile test needs (NVRTC and CUDA headers from
 # pinned PyPI wheels into .toolchain/, skipped when already there), then format, lints, the docs
-# (no broken links; about 10 s) and tests.
+# (no broken links; about 10 s) and tests, then the Python package's tests.
 # Needs no GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,3 +11,16 @@ cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 cargo test --workspace --locked
+
+# The Python package (python/): a venv under target/, the wheel built with the dev profile so
+# that it reuses the crates `cargo test` just built (only pyo3 and the module itself compile),
+# then pytest. Its size-query test compares against target/debug/megamoe, built above.
+venv=target/pyenv
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/pip" install --quiet --disable-pip-version-check maturin==1.16.0 pytest==8.4.2
+rm -rf target/pywheel
+(cd python && "../$venv/bin/maturin" build --locked --profile dev --out ../target/pywheel)
+"$venv/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps target/pywheel/megamoe-*.whl
+# From the root, so that python/megamoe (without the native module) does not shadow the
+# installed package.
+"$venv/bin/pytest" -q -p no:cacheprovider python/tests

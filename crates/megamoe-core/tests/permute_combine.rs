@@ -320,3 +320,53 @@ fn zero_tokens_combine_and_backward_are_legal() {
     let g = combine_backward(&y, &handle).unwrap();
     assert!(g.iter().all(|g| g.rows == 0));
 }
+
+/// The per-rank order (SPEC §5): with one rank, or with one expert per rank, every expert rank
+/// holds at most one run of a token's copies whose partial sum needs no extra rounding beyond
+/// exact's, so both orders give the same bits; in general it rounds once per (token, rank).
+#[test]
+fn the_per_rank_order_rounds_once_per_rank() {
+    use megamoe_core::permute::{combine_with_unpermute_in, CombineOrder};
+    let shape = tiny(); // 16 experts, top-4
+                        // One rank: the per-rank sum is exact's sum rounded twice to bf16, which is exact's bits.
+                        // Sixteen ranks: one expert per rank, each partial is one bf16 row, taken exactly.
+    for ranks in [1, 16] {
+        let world = generate_world(shape, ranks, 8, &masked_zipf(5)).unwrap();
+        let x = x_rows(&world);
+        let (rows, handle) = dispatch(&world, &x, 1);
+        let exact = combine_with_unpermute(&rows, &handle).unwrap();
+        let per_rank = combine_with_unpermute_in(&rows, &handle, CombineOrder::PerRank).unwrap();
+        for (e, p) in exact.iter().zip(&per_rank) {
+            assert_eq!(bits(&e.values), bits(&p.values), "R {ranks}");
+        }
+    }
+    // Two ranks, token 0 of rank 0 routed to experts 0 and 1 (rank 0) and 8 (rank 1), with rows
+    // 1, 2^-8 and 2^-8: exact sums 1 + 2^-8 + 2^-8 = 1 + 2^-7 (a bf16 value); per rank, rank
+    // 0's partial 1 + 2^-8 rounds to 1 (ties to even), then 1 + 2^-8 rounds to 1 again.
+    let h = shape.hidden;
+    let k = shape.topk;
+    let mut idx = vec![vec![-1i32; k]; 2];
+    idx[0][..3].copy_from_slice(&[0, 1, 8]);
+    let x: Vec<Bf16Rows> = (0..2)
+        .map(|_| Bf16Rows {
+            rows: 1,
+            hidden: h,
+            values: vec![bf16::ONE; h],
+        })
+        .collect();
+    let probs = vec![vec![1.0f32; k]; 2];
+    let (out, handle) =
+        dispatch_with_permute(shape, &x, &idx, &probs, 1, SyncMode::Blocking).unwrap();
+    // The experts' outputs: expert 0 keeps 1, experts 1 and 8 give 2^-8.
+    let mut rows: Vec<Bf16Rows> = out.into_iter().map(|o| o.rows).collect();
+    let small = bf16::from_f32(2f32.powi(-8));
+    for d in handle.destinations[0][..3].iter().flatten() {
+        if d.expert != 0 {
+            rows[d.rank].values[d.row * h..(d.row + 1) * h].fill(small);
+        }
+    }
+    let exact = combine_with_unpermute(&rows, &handle).unwrap();
+    let per_rank = combine_with_unpermute_in(&rows, &handle, CombineOrder::PerRank).unwrap();
+    assert_eq!(exact[0].values[0].to_f32(), 1.0 + 2f32.powi(-7));
+    assert_eq!(per_rank[0].values[0].to_f32(), 1.0);
+}

@@ -15,7 +15,7 @@ pub use plan::{
     SyncMode,
 };
 pub use reference::{
-    combine_backward, combine_with_unpermute, dispatch_backward, dispatch_rows,
-    dispatch_with_permute, DispatchGrads, Dispatched,
+    combine_backward, combine_with_unpermute, combine_with_unpermute_in, dispatch_backward,
+    dispatch_rows, dispatch_with_permute, CombineOrder, DispatchGrads, Dispatched,
 };
 pub use rows::{Bf16Rows, Fp8Rows, PermuteRows, SCALE_BLOCK};

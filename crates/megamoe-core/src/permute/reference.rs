@@ -88,11 +88,33 @@ pub fn dispatch_rows<M: PermuteRows>(x: &[M], handle: &PermuteHandle) -> Result<
     dispatch_rows_named("x", x, handle)
 }
 
-/// y_t = bf16(Σ f32 of every copy of token t, in ascending global expert id), one rounding,
-/// unweighted; the sum starts from +0.0, so a token without a valid slot gives +0. `rows[r]` is rank r's dispatch-layout
-/// `[output_rows, H]` (padding rows are not read). Returns y per source rank, `[T_r, H]`.
+/// How combine sums a token's copies (SPEC §5, "combine orders"). Both sum in f32 from +0.0, so a
+/// token without a valid slot gives +0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CombineOrder {
+    /// y_t = bf16(Σ f32 of every copy, in ascending global expert id), one rounding: every copy
+    /// crosses to the token's rank; the bits do not depend on R.
+    Exact,
+    /// HybridEP's traffic: each expert rank sums its copies of t in ascending local expert id in
+    /// f32 and sends one bf16 row; the token's rank sums those rows in ascending rank order in
+    /// f32 and rounds once more. Deterministic for a given R (the bits may differ between R).
+    PerRank,
+}
+
+/// Combine in the `exact` order (see [`CombineOrder::Exact`]), unweighted. `rows[r]` is rank r's
+/// dispatch-layout `[output_rows, H]` (padding rows are not read). Returns y per source rank,
+/// `[T_r, H]`.
 pub fn combine_with_unpermute(rows: &[Bf16Rows], handle: &PermuteHandle) -> Result<Vec<Bf16Rows>> {
-    combine_named("rows", rows, handle)
+    combine_named("rows", rows, handle, CombineOrder::Exact)
+}
+
+/// [`combine_with_unpermute`] in `order`.
+pub fn combine_with_unpermute_in(
+    rows: &[Bf16Rows],
+    handle: &PermuteHandle,
+    order: CombineOrder,
+) -> Result<Vec<Bf16Rows>> {
+    combine_named("rows", rows, handle, order)
 }
 
 /// Dispatch's backward: x's gradient is the combine of the row gradients `row_grads[r]`
@@ -108,7 +130,7 @@ pub fn dispatch_backward<P: AsRef<[f32]>>(
         check_len("prob_grads", grads.as_ref().len(), plan.output_rows())
             .map_err(|e| on_rank(rank, e))?;
     }
-    let x = combine_named("row_grads", row_grads, handle)?;
+    let x = combine_named("row_grads", row_grads, handle, CombineOrder::Exact)?;
     let probs = handle
         .destinations
         .iter()
@@ -184,6 +206,7 @@ fn combine_named(
     arg: &'static str,
     rows: &[Bf16Rows],
     handle: &PermuteHandle,
+    order: CombineOrder,
 ) -> Result<Vec<Bf16Rows>> {
     let hidden = check_world_rows(arg, rows, handle, |rank| handle.plans[rank].output_rows())?;
     let topk = handle.topk;
@@ -200,14 +223,29 @@ fn combine_named(
                 .par_chunks_mut(hidden)
                 .zip(slots.par_chunks(topk))
                 .for_each_init(
-                    || vec![0f32; hidden],
-                    |sum, (y_row, token_slots)| {
+                    || (vec![0f32; hidden], vec![0f32; hidden]),
+                    |(sum, part), (y_row, token_slots)| {
+                        // Ascending expert id is ascending rank, then ascending local id.
                         let mut copies: Vec<_> = token_slots.iter().flatten().collect();
                         copies.sort_by_key(|d| d.expert);
                         sum.fill(0.0);
-                        for d in copies {
-                            for (acc, v) in sum.iter_mut().zip(rows[d.rank].row(d.row)) {
-                                *acc += v.to_f32();
+                        match order {
+                            CombineOrder::Exact => {
+                                for d in copies {
+                                    add_row(sum, rows[d.rank].row(d.row));
+                                }
+                            }
+                            CombineOrder::PerRank => {
+                                for run in copies.chunk_by(|a, b| a.rank == b.rank) {
+                                    part.fill(0.0);
+                                    for d in run {
+                                        add_row(part, rows[d.rank].row(d.row));
+                                    }
+                                    // The expert rank's bf16 row, as it crosses to the token's rank.
+                                    for (acc, p) in sum.iter_mut().zip(part.iter()) {
+                                        *acc += bf16::from_f32(*p).to_f32();
+                                    }
+                                }
                             }
                         }
                         for (out, acc) in y_row.iter_mut().zip(sum.iter()) {
@@ -218,4 +256,10 @@ fn combine_named(
             y
         })
         .collect())
+}
+
+fn add_row(acc: &mut [f32], row: &[bf16]) {
+    for (a, v) in acc.iter_mut().zip(row) {
+        *a += v.to_f32();
+    }
 }

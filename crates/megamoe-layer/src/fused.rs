@@ -33,8 +33,9 @@ use megamoe_gemm::GemmPointers;
 
 use crate::error::{LayerError, Result};
 use crate::kernel::{
-    fused_smem_bytes, fused_spec, l1_config, FusedParams, FusedRegions, FusedTraceParams,
-    SwigluQuant, FUSED_BAD_BOUND, FUSED_RING_OVERFLOW, FUSED_THREADS,
+    fused_smem_bytes, fused_spec, l1_config, FusedParams, FusedProbeParams, FusedRegions,
+    SwigluQuant, FUSED_BAD_BOUND, FUSED_NO_FAULT, FUSED_RING_OVERFLOW, FUSED_STOP_AFTER_ROUTING,
+    FUSED_STOP_MID_TASKS, FUSED_THREADS,
 };
 use crate::spec::{LayerSpec, POOL_PAD};
 use crate::split::{check_call, comm_sms, Activations, RankInput};
@@ -156,6 +157,24 @@ pub struct FusedLayer {
     expert_counts: Vec<Vec<u64>>,
     /// A device wait expired: the buffers' counters no longer agree, the layer must be rebuilt.
     broken: bool,
+    /// The probe instantiation runs instead of the default kernel (a timeline, a fault).
+    probe: Option<Probe>,
+}
+
+/// What the probe instantiation is told beyond the call (device: `FusedProbeParams`).
+#[derive(Clone, Copy, Debug)]
+struct Probe {
+    fault_rank: u32,
+    fault: u32,
+}
+
+/// A fault the selftest injects on one rank (device: `FusedFault`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fault {
+    /// The rank publishes its routing, then stops.
+    StopAfterRouting,
+    /// The rank stops after half of its tasks.
+    StopMidTasks,
 }
 
 fn region(layout: &SymmetricLayout, name: &str) -> u64 {
@@ -196,7 +215,32 @@ impl FusedLayer {
         options: FusedOptions,
     ) -> Result<FusedLayer> {
         spec.validate()?;
-        FusedLayer::build(spec, weights, options, spec.fused_layout()?)
+        let probe = options.trace;
+        FusedLayer::build(spec, weights, options, spec.fused_layout()?, probe)
+    }
+
+    /// The layer whose rank `rank` takes `fault` on every call (the selftest's fault checks).
+    pub(crate) fn with_fault(
+        spec: LayerSpec,
+        weights: impl Fn(usize) -> megamoe_core::Result<RankWeightsFp8>,
+        deadline: std::time::Duration,
+        rank: usize,
+        fault: Fault,
+    ) -> Result<FusedLayer> {
+        spec.validate()?;
+        let options = FusedOptions {
+            deadline,
+            ..FusedOptions::default()
+        };
+        let mut layer = FusedLayer::build(spec, weights, options, spec.fused_layout()?, true)?;
+        layer.probe = Some(Probe {
+            fault_rank: rank as u32,
+            fault: match fault {
+                Fault::StopAfterRouting => FUSED_STOP_AFTER_ROUTING,
+                Fault::StopMidTasks => FUSED_STOP_MID_TASKS,
+            },
+        });
+        Ok(layer)
     }
 
     /// The layer with its ring clamped to the full pool, so it never wraps: the selftest's
@@ -209,14 +253,16 @@ impl FusedLayer {
         let ring = RingSizing::full_pool(&spec.shape, spec.ranks, spec.max_tokens);
         let layout =
             SymmetricLayout::with_ring(Kernel::Fused, &spec.shape, spec.ranks, spec.group, ring)?;
-        FusedLayer::build(spec, weights, FusedOptions::default(), layout)
+        FusedLayer::build(spec, weights, FusedOptions::default(), layout, false)
     }
 
+    /// `probe`: load the probe instantiation (with [`FusedOptions::trace`] or an injected fault).
     fn build(
         spec: LayerSpec,
         weights: impl Fn(usize) -> megamoe_core::Result<RankWeightsFp8>,
         options: FusedOptions,
         layout: SymmetricLayout,
+        probe: bool,
     ) -> Result<FusedLayer> {
         let (h, i, e, k) = (
             spec.shape.hidden,
@@ -230,7 +276,7 @@ impl FusedLayer {
         let ctas = comm_sms(None, spec.ranks, world.gpu_count(), sms);
         let launch = LaunchConfig::new(ctas as u32, FUSED_THREADS)
             .with_dynamic_smem(fused_smem_bytes(spec.group) as u32);
-        let compiled = jit::compile(&fused_spec(spec.group, options.trace))?;
+        let compiled = jit::compile(&fused_spec(spec.group, probe))?;
         let kernels = world.load(&compiled)?;
         let buffers = world.alloc_symmetric(layout.total_bytes as usize)?;
         let ring_rows = layout.pool_rows;
@@ -398,6 +444,10 @@ impl FusedLayer {
             ranks,
             launch,
             broken: false,
+            probe: probe.then_some(Probe {
+                fault_rank: 0,
+                fault: FUSED_NO_FAULT,
+            }),
         })
     }
 
@@ -541,14 +591,16 @@ impl FusedLayer {
             p.r.bound = staged.bounds[r].min(i32::MAX as usize) as i32;
             p.r.lag_units = staged.lag_units as i32;
             p.r.ring_slots = staged.ring_slots as i32;
-            match &rank.trace {
+            match self.probe {
                 None => rank.gpu.launch(&rank.kernel, &self.launch, &p)?,
-                Some(t) => {
-                    let traced = FusedTraceParams {
+                Some(probe) => {
+                    let probed = FusedProbeParams {
                         fused: p,
-                        trace: t.ptr(),
+                        trace: rank.trace.as_ref().map_or(0, |t| t.ptr()),
+                        fault_rank: probe.fault_rank,
+                        fault: probe.fault,
                     };
-                    rank.gpu.launch(&rank.kernel, &self.launch, &traced)?
+                    rank.gpu.launch(&rank.kernel, &self.launch, &probed)?
                 }
             }
         }

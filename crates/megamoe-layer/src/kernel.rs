@@ -128,30 +128,43 @@ pub struct FusedParams {
     pub r: FusedRegions,
 }
 
-/// The traced instantiation's parameters (device: `megamoe::layer::FusedTraceParams`).
+/// The probe instantiation's parameters (device: `megamoe::layer::FusedProbeParams`): the
+/// timeline and an injected fault.
 #[repr(C, align(64))]
 #[derive(Clone, Copy, Debug)]
-pub struct FusedTraceParams {
+pub struct FusedProbeParams {
     pub fused: FusedParams,
-    /// The timeline ([`crate::fused::TraceReport`]).
+    /// The timeline ([`crate::fused::TraceReport`]), or 0.
     pub trace: u64,
+    /// The rank that takes `fault`.
+    pub fault_rank: u32,
+    /// [`FUSED_NO_FAULT`], [`FUSED_STOP_AFTER_ROUTING`] or [`FUSED_STOP_MID_TASKS`].
+    pub fault: u32,
 }
+
+/// The faults of the probe instantiation (device: `FusedFault`).
+pub const FUSED_NO_FAULT: u32 = 0;
+/// The rank publishes its routing, then stops.
+pub const FUSED_STOP_AFTER_ROUTING: u32 = 1;
+/// The rank stops after half of its tasks.
+pub const FUSED_STOP_MID_TASKS: u32 = 2;
 
 const _: () = assert!(std::mem::size_of::<FusedRegions>() == 32 * 8 + 16 * 4);
 const _: () = assert!(std::mem::offset_of!(FusedRegions, y) == 8 * (8 + 20));
 const _: () = assert!(std::mem::offset_of!(FusedRegions, rank) == 256);
 const _: () = assert!(std::mem::offset_of!(FusedRegions, max_segments) == 316);
 const _: () = assert!(std::mem::size_of::<FusedParams>() == 448 * 2 + 64 + 320);
-const _: () = assert!(std::mem::offset_of!(FusedTraceParams, trace) == 1280);
-// 1280 + 8, rounded up to the struct's 64-byte alignment.
-const _: () = assert!(std::mem::size_of::<FusedTraceParams>() == 1344);
+const _: () = assert!(std::mem::offset_of!(FusedProbeParams, trace) == 1280);
+const _: () = assert!(std::mem::offset_of!(FusedProbeParams, fault) == 1292);
+// 1280 + 16, rounded up to the struct's 64-byte alignment.
+const _: () = assert!(std::mem::size_of::<FusedProbeParams>() == 1344);
 const _: () = assert!(std::mem::offset_of!(FusedParams, swiglu) == 896);
 const _: () = assert!(std::mem::offset_of!(FusedParams, r) == 960);
 // SAFETY: plain data (tensor maps, integers, floats), sizes and offsets asserted above and in
 // fused_params.cuh.
 unsafe impl Pod for FusedParams {}
-// SAFETY: as FusedParams, and a u64.
-unsafe impl Pod for FusedTraceParams {}
+// SAFETY: as FusedParams, and integers.
+unsafe impl Pod for FusedProbeParams {}
 
 /// Error codes the fused kernel leaves in its buffer's error record (device: `FusedError`).
 pub const FUSED_BAD_BOUND: u32 = 4;
@@ -165,24 +178,24 @@ pub fn fused_stages(group: usize) -> usize {
     max_stages(128, 256, group.min(128))
 }
 
-/// The fused kernel's translation unit for G; `trace`: the instantiation that records its
-/// timeline (`megamoe bench layer --trace`).
-pub fn fused_spec(group: usize, trace: bool) -> KernelSpec {
+/// The fused kernel's translation unit for G; `probe`: the instantiation that can record its
+/// timeline (`megamoe bench layer --trace`) and inject a fault (the selftest).
+pub fn fused_spec(group: usize, probe: bool) -> KernelSpec {
     let stages = fused_stages(group);
     let name = format!(
         "layer_fused_s{stages}_g{group}{}",
-        if trace { "_trace" } else { "" }
+        if probe { "_probe" } else { "" }
     );
-    let (params, call) = if trace {
-        ("FusedTraceParams", "p.fused, p.trace")
+    let (params, call) = if probe {
+        ("FusedProbeParams", "p.fused, p.probe")
     } else {
-        ("FusedParams", "p, 0")
+        ("FusedParams", "p, megamoe::layer::FusedProbe{}")
     };
     let source = format!(
         "#include <megamoe_layer/impls/fused.cuh>\n\
          extern \"C\" __global__ void __launch_bounds__({FUSED_THREADS}, 1)\n\
          {name}(const __grid_constant__ megamoe::layer::{params} p) {{\n\
-         \x20   megamoe::layer::fused_moe<{stages}, {group}, {trace}>({call});\n\
+         \x20   megamoe::layer::fused_moe<{stages}, {group}, {probe}>({call});\n\
          }}\n",
     );
     KernelSpec {
@@ -271,6 +284,7 @@ pub fn kernel_specs() -> Vec<KernelSpec> {
         fused_spec(128, false),
         fused_spec(64, false),
         fused_spec(128, true),
+        fused_spec(64, true),
     ]
 }
 

@@ -5,8 +5,9 @@
 //! nothing written, non-finite input kept to its token. The fused kind besides: its bits equal
 //! to the split kind's on every batch, four calls on one buffer whose ring wraps with skewed
 //! routing in between, bounds that differ between ranks or fall below a rank's T rejected on
-//! every rank, a rank that never launches reported by the others within the deadline (and a new
-//! layer correct afterwards), and a captured graph replayed on new inputs.
+//! every rank, a rank that never launches or stops mid-call (after its routing, after half of
+//! its tasks) reported by the others within the deadline (and a new layer correct afterwards),
+//! and a captured graph replayed on new inputs.
 
 use half::bf16;
 use megamoe_core::preset::Shape;
@@ -15,7 +16,7 @@ use megamoe_core::{diff, fused_layer, LayerOptions, Preset, WeightGen, WorldInpu
 
 use megamoe_cuda::selftest::Check;
 
-use crate::fused::FusedLayer;
+use crate::fused::{Fault, FusedLayer};
 use crate::inputs::{bf16_inputs, fp8_inputs, quantize_inputs, spec_for};
 use crate::layer::MoeLayer;
 use crate::spec::{Kind, LayerSpec};
@@ -529,6 +530,51 @@ fn missing_rank() -> Check {
     }
 }
 
+/// A rank that stops mid-call (after publishing its routing, or after half of its tasks): every
+/// other rank reports it (its rank, the wait, the stopped peer) within the deadline, and a new
+/// layer in the same process is correct.
+fn rank_stops_mid_call(fault: Fault) -> Check {
+    Check {
+        name: format!("layer fused tiny R=4 a rank that stops ({fault:?})"),
+        run: Box::new(move || {
+            let shape = shape("tiny", None);
+            let ranks = 4;
+            let stopped = 2;
+            let world = generate_world(shape, ranks, 48, &routing("uniform", 41)).map_err(err)?;
+            let gen = WeightGen::new(shape, 41);
+            let spec = LayerSpec::new(shape, ranks, 48);
+            let deadline = std::time::Duration::from_millis(200);
+            let mut layer =
+                FusedLayer::with_fault(spec, |r| gen.rank_fp8(r, ranks), deadline, stopped, fault)
+                    .map_err(err)?;
+            let inputs = bf16_inputs(&world);
+            let start = std::time::Instant::now();
+            let e = match layer.forward(&inputs, None) {
+                Ok(_) => return Err(format!("the call succeeded with rank {stopped} stopped")),
+                Err(e) => e.to_string(),
+            };
+            let took = start.elapsed();
+            if !e.contains(&format!("waiting for rank {stopped}")) {
+                return Err(format!("the error does not name rank {stopped}: {e}"));
+            }
+            if took > 10 * deadline {
+                return Err(format!("reported after {took:?}, deadline {deadline:?}"));
+            }
+            drop(layer);
+            let mut fresh = FusedLayer::new(spec, |r| gen.rank_fp8(r, ranks)).map_err(err)?;
+            let got = fresh.forward(&inputs, None).map_err(err)?;
+            let want = run_layer(Kind::Split, &world, &gen, &LayerOptions::for_shape(&shape))?;
+            if got != want {
+                return Err("the new layer's output differs from split".into());
+            }
+            Ok(format!(
+                "reported in {:.0} ms: {e}; a new layer is correct",
+                took.as_secs_f64() * 1e3
+            ))
+        }),
+    }
+}
+
 /// A call captured as CUDA graphs and replayed on new inputs of the same sizes gives the bits
 /// of a plain forward of those inputs.
 fn graph_replay() -> Check {
@@ -605,6 +651,8 @@ pub fn gpu_checks() -> Vec<Check> {
     checks.push(ring_wraps(2, 4096));
     checks.push(bound_mismatch());
     checks.push(missing_rank());
+    checks.push(rank_stops_mid_call(Fault::StopAfterRouting));
+    checks.push(rank_stops_mid_call(Fault::StopMidTasks));
     checks.push(graph_replay());
     checks
 }

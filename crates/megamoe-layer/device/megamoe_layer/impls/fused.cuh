@@ -85,8 +85,9 @@ __device__ __forceinline__ gemm::Tile task_tile(const FusedRegions& r, const Blo
     return gemm::Tile{blk.expert, 0, n * kBlockN, (b % r.ring_slots) * kBlockM, blk.rows, false};
 }
 
-template <int kStages, bool kTrace, typename L1Smem, typename L2Smem>
-__device__ void produce(const FusedParams& p, u64 trace_buf, const L1Smem& s1, const L2Smem& s2, u32 n_tasks) {
+template <int kStages, bool kProbe, typename L1Smem, typename L2Smem>
+__device__ void produce(const FusedParams& p, const FusedProbe& probe, const L1Smem& s1, const L2Smem& s2,
+                        u32 n_tasks) {
     const FusedRegions& r = p.r;
     TaskCursor cur(r);
     gemm::RingCursor<kStages> ring;
@@ -97,8 +98,8 @@ __device__ void produce(const FusedParams& p, u64 trace_buf, const L1Smem& s1, c
         cur.get(i, kind, b, n);
         const gemm::Tile t = task_tile(r, blocks, b, n);
         TaskTrace* trace = nullptr;
-        if constexpr (kTrace) {
-            trace = task_trace(r, trace_buf, i);
+        if (kProbe && probe.trace != 0) {
+            trace = task_trace(r, probe.trace, i);
             trace->kind = kind;
             trace->block = b;
             trace->wait_start = ptx::globaltimer_ns();
@@ -107,14 +108,14 @@ __device__ void produce(const FusedParams& p, u64 trace_buf, const L1Smem& s1, c
             // The L1 frontier: the pull of block b + pull_ahead may start.
             if (n == 0) reinterpret_cast<volatile u32*>(&flags[b].l1_started)[0] = 1;
             if (!wait_flag(r, &flags[b].rows_pulled, t.rows_valid, kWaitRowsPulled, b)) return;
-            if constexpr (kTrace) trace->wait_end = ptx::globaltimer_ns();
+            if (trace != nullptr) trace->wait_end = ptx::globaltimer_ns();
             gemm::load_tile<false, 1>(p.l1, t, 0, s1, ring);
         } else {
             if (!wait_flag(r, &flags[b].l1_done, 2 * r.n1, kWaitL1Done, b)) return;
-            if constexpr (kTrace) trace->wait_end = ptx::globaltimer_ns();
+            if (trace != nullptr) trace->wait_end = ptx::globaltimer_ns();
             gemm::load_tile<false, 1>(p.l2, t, 0, s2, ring);
         }
-        if constexpr (kTrace) trace->issued = ptx::globaltimer_ns();
+        if (trace != nullptr) trace->issued = ptx::globaltimer_ns();
     }
 }
 
@@ -126,9 +127,9 @@ __device__ __forceinline__ void finish_slice(u32* flag, u32 wg) {
     if (threadIdx.x % 128 == 0) ptx::red_release_gpu_add_u32(flag, 1);
 }
 
-template <int kStages, bool kTrace, typename L1Smem, typename L2Smem>
-__device__ void consume(const FusedParams& p, u64 trace_buf, const L1Smem& s1, const L2Smem& s2, u32 wg,
-                        u32 n_tasks) {
+template <int kStages, bool kProbe, typename L1Smem, typename L2Smem>
+__device__ void consume(const FusedParams& p, const FusedProbe& probe, const L1Smem& s1, const L2Smem& s2,
+                        u32 wg, u32 n_tasks) {
     const FusedRegions& r = p.r;
     // A warpgroup's slice: 64 rows, two 128-column waves (for L1 a gate block and its up block).
     using Scales = gemm::TileWeightScales<128, 2, L1Smem::kScaleBRowFloats>;
@@ -145,10 +146,11 @@ __device__ void consume(const FusedParams& p, u64 trace_buf, const L1Smem& s1, c
     gemm::Tile t = task_tile(r, blocks, b, n);
     Scales scales;
     scales.load(kind == kL1 ? p.l1 : p.l2, t, 0);
-    // The timeline's writer in each warpgroup.
-    const bool tracer = kTrace && threadIdx.x % 128 == 0;
+    // The timeline's writer in each warpgroup (the probe's fields are read where used, from the
+    // launch's parameters: no register holds them across the mainloop).
+    auto tracer = [&] { return kProbe && probe.trace != 0 && threadIdx.x % 128 == 0; };
     while (true) {
-        if (tracer) task_trace(r, trace_buf, i)->wg[wg][0] = ptx::globaltimer_ns();
+        if (tracer()) task_trace(r, probe.trace, i)->wg[wg][0] = ptx::globaltimer_ns();
         scales.stage(s1.scale_b(wg), wg);
         float sum[2][64];
         if (kind == kL1) {
@@ -156,7 +158,7 @@ __device__ void consume(const FusedParams& p, u64 trace_buf, const L1Smem& s1, c
         } else {
             gemm::tile_k_loop<128, 2, 1, false, 0>(p.l2, s2, ring, t, wg, a_off, 0, sum);
         }
-        if (tracer) task_trace(r, trace_buf, i)->wg[wg][1] = ptx::globaltimer_ns();
+        if (tracer()) task_trace(r, probe.trace, i)->wg[wg][1] = ptx::globaltimer_ns();
         // The next task's weight scales load while this one's epilogue runs.
         const u32 next = i + gridDim.x;
         const bool more = next < n_tasks;
@@ -175,7 +177,7 @@ __device__ void consume(const FusedParams& p, u64 trace_buf, const L1Smem& s1, c
             scatter.store(s1.staging(wg), wg, t.a_row + a_off, t.n0, rows_valid, sum);
             finish_slice(&flags[b].l2_done, wg);
         }
-        if (tracer) task_trace(r, trace_buf, i)->wg[wg][2] = ptx::globaltimer_ns();
+        if (tracer()) task_trace(r, probe.trace, i)->wg[wg][2] = ptx::globaltimer_ns();
         if (!more) break;
         i = next;
         kind = next_kind;
@@ -222,9 +224,11 @@ __device__ __forceinline__ bool wait_rows_written(const ep::comm::Signals& sig, 
     return *s_ok != 0;
 }
 
-// `trace_buf`: the timeline (impls/fused_trace.cuh) when kTrace, else unused.
-template <int kStages, int kGroup, bool kTrace>
-__device__ __forceinline__ void fused_moe(const FusedParams& p, u64 trace_buf) {
+// kProbe: the probe instantiation, which records the timeline (impls/fused_trace.cuh) when
+// probe.trace is not 0 and injects probe.fault when this rank is probe.fault_rank; the default
+// kernel passes kProbe = false and has none of it.
+template <int kStages, int kGroup, bool kProbe>
+__device__ __forceinline__ void fused_moe(const FusedParams& p, const FusedProbe& probe) {
     // Both GEMMs run over one ring of stages: L1's activation scales come per 128 columns, L2's
     // per G; a stage has room for the larger count, so both views place every region alike.
     constexpr int kSaCols = kGroup == 64 ? 2 : 1;
@@ -242,8 +246,9 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, u64 trace_buf) {
     const ep::comm::Signals sig{r.peer_base, r.off_epochs, r.off_signals, r.off_error, r.deadline_ns,
                                 reinterpret_cast<comm::WaitRecord*>(r.wait_record), r.rank, r.ranks};
     const u32 warp = ptx::warp_index_uniform();
-    const bool tracer = kTrace && threadIdx.x == 0;
-    if (tracer) cta_trace(trace_buf)->start = ptx::globaltimer_ns();
+    const bool tracer = kProbe && probe.trace != 0 && threadIdx.x == 0;
+    if (tracer) cta_trace(probe.trace)->start = ptx::globaltimer_ns();
+    const u32 my_fault = kProbe && u32(p.r.rank) == probe.fault_rank ? probe.fault : u32(kNoFault);
 
     if (threadIdx.x == kMathWarps * 32) {
         ptx::tma_prefetch_desc(&p.l1.tma_a);
@@ -266,8 +271,9 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, u64 trace_buf) {
     const u64 epoch = ep::comm::read_epoch(sig, kFusedFamily, &s_epoch);
     publish_routing(r);
     ep::comm::raise_on_all(sig, kRoutingReady);
+    if (my_fault == kStopAfterRouting) return;
     if (!ep::comm::wait_all(sig, kRoutingReady, epoch, &s_ok)) return;
-    if (tracer) cta_trace(trace_buf)->routed = ptx::globaltimer_ns();
+    if (tracer) cta_trace(probe.trace)->routed = ptx::globaltimer_ns();
 
     // 2. Plan. CTA 0's scratch is the ring's first stage, idle until the grid barrier.
     if (threadIdx.x == 0) s_bad = check_bounds(r, sig);
@@ -282,8 +288,9 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, u64 trace_buf) {
         for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) words[i] = 0;
     }
     if (!grid_barrier(r, epoch, &s_ok)) return;
-    if (tracer) cta_trace(trace_buf)->planned = ptx::globaltimer_ns();
-    const PlanHeader h = *plan_header(r);
+    if (tracer) cta_trace(probe.trace)->planned = ptx::globaltimer_ns();
+    PlanHeader h = *plan_header(r);
+    if (my_fault == kStopMidTasks) h.n_tasks /= 2;
     const bool run = s_bad == 0 && h.status == 0;
     if (threadIdx.x == 0) s_pull_items = h.n_blocks * kBlockM;
     __syncthreads();
@@ -296,7 +303,7 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, u64 trace_buf) {
         if (run) {
             ptx::setmaxnreg_dec<kProducerRegs>();
             if (warp == kMathWarps) {
-                if (threadIdx.x % 32 == 0) produce<kStages, kTrace>(p, trace_buf, s1, s2, h.n_tasks);
+                if (threadIdx.x % 32 == 0) produce<kStages, kProbe>(p, probe, s1, s2, h.n_tasks);
             } else {
                 pull_rows(r, ptx::ctaid_x() * kPullWarps + (warp - kMathWarps - 1), gridDim.x * kPullWarps,
                           s_pull_items);
@@ -306,21 +313,22 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, u64 trace_buf) {
     }
     if (run) {
         ptx::setmaxnreg_inc<kConsumerRegs>();
-        consume<kStages, kTrace>(p, trace_buf, s1, s2, warp / 4, h.n_tasks);
+        consume<kStages, kProbe>(p, probe, s1, s2, warp / 4, h.n_tasks);
     }
-    if (tracer) cta_trace(trace_buf)->tasks_done = ptx::globaltimer_ns();
+    if (my_fault == kStopMidTasks) return;
+    if (tracer) cta_trace(probe.trace)->tasks_done = ptx::globaltimer_ns();
 
     // 4. Combine.
     raise_rows_written(sig);
     if (!wait_rows_written(sig, epoch, &s_ok)) return;
-    if (tracer) cta_trace(trace_buf)->rows_written = ptx::globaltimer_ns();
+    if (tracer) cta_trace(probe.trace)->rows_written = ptx::globaltimer_ns();
     if (run) combine_rows(r, warp, kMathWarps);
     {
         u32* counts = reinterpret_cast<u32*>(local_buf(r) + r.off_counts);
         const u32 threads = kMathWarps * 32;
         for (u32 i = ptx::ctaid_x() * threads + threadIdx.x; i < u32(r.experts); i += gridDim.x * threads) counts[i] = 0;
     }
-    if (tracer) cta_trace(trace_buf)->end = ptx::globaltimer_ns();
+    if (tracer) cta_trace(probe.trace)->end = ptx::globaltimer_ns();
     ep::comm::store_epoch(sig, kFusedFamily, epoch);
 }
 

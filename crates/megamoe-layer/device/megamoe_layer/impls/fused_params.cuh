@@ -46,15 +46,29 @@ struct FusedParams {
     FusedRegions r;
 };
 
-// The traced instantiation's parameters (impls/fused_trace.cuh): the same, and its timeline.
-struct FusedTraceParams {
-    FusedParams fused;
+// Faults the probe instantiation injects on one rank (the selftest's fault checks).
+enum FusedFault : u32 {
+    kNoFault = 0,
+    kStopAfterRouting = 1,  // publish the routing, then stop: the others pull from it and wait
+    kStopMidTasks = 2,      // stop after half of the rank's tasks: its L2 rows never all arrive
+};
+
+// What the probe instantiation is told beyond the call: its timeline (impls/fused_trace.cuh)
+// or 0, and a fault for rank fault_rank.
+struct FusedProbe {
     u64 trace;
+    u32 fault_rank;
+    u32 fault;
+};
+
+struct FusedProbeParams {
+    FusedParams fused;
+    FusedProbe probe;
 };
 
 MEGAMOE_PARAMS_LAYOUT(FusedRegions, 32 * 8 + 16 * 4, 8);
 MEGAMOE_PARAMS_LAYOUT(FusedParams, 448 * 2 + 64 + 320, 64);
-MEGAMOE_PARAMS_LAYOUT(FusedTraceParams, 1344, 64);  // 1280 + 8, rounded up to the alignment
+MEGAMOE_PARAMS_LAYOUT(FusedProbeParams, 1344, 64);  // 1280 + 16, rounded up to the alignment
 
 // Error codes of the buffer's error record (megamoe-core's layout; ep::ErrorRecord's shape).
 enum FusedError : u32 { kBadBound = 4, kRingOverflow = 5 };

@@ -1,5 +1,5 @@
-// The fused kernel's optional timeline (instantiated with kTrace = true and FusedTraceParams,
-// `megamoe bench layer --trace`; the default kernel has none of it): per CTA the times its phases end, per task the
+// The fused kernel's optional timeline (the probe instantiation, kProbe = true with
+// FusedProbeParams::trace set: `megamoe bench layer --trace`; the default kernel has none of it): per CTA the times its phases end, per task the
 // producer's wait for the block's counter and the consumers' mainloop and epilogue, in globaltimer
 // ns. Laid out as src/fused.rs's `TaskTrace` and `CtaTrace` read it: [G] CtaTrace, then
 // [G][tasks per CTA] TaskTrace.

@@ -118,7 +118,8 @@ pub struct StreamParams {
     pub n_blocks_l2: usize,
     /// Ring capacity in blocks; block b uses slot b mod ring_slots.
     pub ring_slots: usize,
-    /// Blocks the pull runs ahead of the L1 frontier ([`PULL_AHEAD_BLOCKS`]).
+    /// Blocks the pull runs ahead of the L1 frontier ([`PULL_AHEAD_BLOCKS`]; unbounded for the
+    /// split kernel, whose dispatch is its own launch).
     pub pull_ahead: usize,
     /// The split kernel: no L2 task starts before every L1 task of the rank is done.
     pub kernel_boundary: bool,
@@ -150,6 +151,8 @@ impl StreamParams {
     pub fn split(block_m: usize, n_l1: usize, n_l2: usize, pool_slots: usize) -> Self {
         StreamParams {
             kernel_boundary: true,
+            // Its dispatch is a launch of its own: every row is pulled before L1 starts.
+            pull_ahead: usize::MAX,
             ..Self::fused(Order::SingleWave, block_m, n_l1, n_l2, pool_slots)
         }
     }

@@ -2,15 +2,14 @@
 
 This build has what needs no GPU: the size query (``get_symm_buffer_size``), the presets, the
 GPU probe (``gpu_available``, ``info``), the CPU reference of the layer on a generated batch
-(``reference_forward``) and ``MoELayer``'s argument checks. The GPU forward,
-dispatch/combine with autograd, the grouped GEMM and multi-process use are not in it yet.
+(``reference_forward``). The GPU layer, dispatch/combine with autograd, the grouped GEMM and
+multi-process use are not in it yet.
 
 Errors: ``ValueError`` for a bad argument (the message names it), ``RuntimeError`` when no CUDA
 GPU can be used or the device fails.
 """
 
 from ._megamoe import (
-    MoELayer,
     __version__,
     get_symm_buffer_size,
     gpu_available,
@@ -20,7 +19,6 @@ from ._megamoe import (
 )
 
 __all__ = [
-    "MoELayer",
     "__version__",
     "get_symm_buffer_size",
     "gpu_available",

@@ -2,8 +2,6 @@
 //! DeepGEMM-style arguments, the size query, the presets and the GPU probe. lib.rs only
 //! converts types.
 
-use std::convert::Infallible;
-
 use megamoe_core::preset::{Shape, PRESETS};
 use megamoe_core::quant::default_group;
 use megamoe_core::routing::{generate_world, RoutingKind, RoutingSpec};
@@ -13,7 +11,7 @@ use megamoe_layer::{Kind, LayerBytes, LayerSpec};
 
 use crate::error::{Error, Result};
 
-/// The arguments of `get_symm_buffer_size` and `MoELayer`, as Python passed them (signed, so
+/// The arguments of `get_symm_buffer_size`, as Python passed them (signed, so
 /// that a negative count is a `ValueError` naming it rather than an `OverflowError`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct LayerArgs<'a> {
@@ -184,22 +182,6 @@ pub fn info() -> String {
     )
 }
 
-/// What `MoELayer(...)` does in this build: the host checks, then the GPU check, then a plain
-/// statement that the GPU layer is not reachable from Python yet. It never succeeds.
-pub fn open_layer(args: &LayerArgs) -> Result<Infallible> {
-    args.spec()?;
-    if let Err(why) = gpus() {
-        return Err(Error::Runtime(format!(
-            "MoELayer needs a CUDA GPU (Hopper, sm_90a) and none can be used: {why}"
-        )));
-    }
-    Err(Error::NotImplemented(
-        "MoELayer's GPU forward is not in this build of the Python package; \
-         use the Rust crate megamoe-layer or the megamoe command line"
-            .into(),
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -340,26 +322,6 @@ mod tests {
         let p = presets();
         assert_eq!(p[0], ("flash", (4096, 2048, 256, 6)));
         assert_eq!(p.len(), PRESETS.len());
-    }
-
-    #[test]
-    fn without_a_gpu_the_layer_is_a_runtime_error_after_the_host_checks() {
-        // Bad input is reported as such whether or not a GPU is present.
-        let bad = LayerArgs {
-            num_ranks: 3,
-            ..flash(8, 64)
-        };
-        assert!(matches!(open_layer(&bad), Err(Error::Value(_))));
-        let e = open_layer(&flash(8, 64)).unwrap_err();
-        if gpu_available() {
-            assert!(matches!(e, Error::NotImplemented(_)), "{e:?}");
-        } else {
-            assert!(
-                matches!(&e, Error::Runtime(m) if m.contains("GPU")),
-                "{e:?}"
-            );
-            assert!(info().contains("gpus     none"), "{}", info());
-        }
     }
 
     #[test]

@@ -10,8 +10,6 @@ pub enum Error {
     Value(String),
     /// No usable GPU, or the GPU runtime failed.
     Runtime(String),
-    /// Valid input for something this build does not do yet.
-    NotImplemented(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -19,13 +17,13 @@ pub type Result<T> = std::result::Result<T, Error>;
 impl Error {
     pub fn message(&self) -> &str {
         match self {
-            Error::Value(m) | Error::Runtime(m) | Error::NotImplemented(m) => m,
+            Error::Value(m) | Error::Runtime(m) => m,
         }
     }
 }
 
 /// The Python name of an argument the Rust crates name differently (`get_symm_buffer_size`
-/// and `MoELayer` take DeepGEMM's names).
+/// takes DeepGEMM's names).
 fn python_name(rust: &str) -> Option<&'static str> {
     Some(match rust {
         "ranks" => "num_ranks",

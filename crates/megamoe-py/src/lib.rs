@@ -2,7 +2,7 @@
 //! re-exported by `python/megamoe/__init__.py`.
 //!
 //! This build has the parts that need no GPU: the size query ([`api::buffer_size`]), the
-//! presets, the GPU probe, and `MoELayer`'s host-side checks. The work is done in [`api`]
+//! presets, the GPU probe and the CPU reference. The work is done in [`api`]
 //! (plain Rust, tested without an interpreter); `src/python.rs` converts to and from Python.
 //! Errors: [`error::Error`], a `ValueError` for bad input, a `RuntimeError` for the device.
 

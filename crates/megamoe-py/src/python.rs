@@ -1,6 +1,6 @@
 //! The Python-facing functions and class: conversions only, the work is in [`crate::api`].
 
-use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
@@ -13,7 +13,6 @@ impl From<Error> for PyErr {
             Error::Value(m) => PyValueError::new_err(m),
             Error::Runtime(m) => PyRuntimeError::new_err(m),
             // A subclass of RuntimeError in Python, so `except RuntimeError` still catches it.
-            Error::NotImplemented(m) => PyNotImplementedError::new_err(m),
         }
     }
 }
@@ -122,47 +121,6 @@ fn info() -> String {
     api::info()
 }
 
-/// The expert-parallel MoE layer on the GPU.
-///
-/// The constructor checks every argument on the host first (ValueError naming it), then
-/// raises RuntimeError when no CUDA GPU can be used. The GPU forward is not in this build:
-/// with a GPU the constructor raises NotImplementedError (a RuntimeError).
-#[pyclass(module = "megamoe", frozen)]
-struct MoELayer {}
-
-#[pymethods]
-impl MoELayer {
-    #[new]
-    #[pyo3(signature = (
-        num_ranks, num_experts, num_max_tokens_per_rank, num_topk, hidden, intermediate_hidden,
-        kind = "fused", group = None, clamp = None
-    ))]
-    #[allow(clippy::too_many_arguments)] // The size query's arguments.
-    fn new(
-        num_ranks: i64,
-        num_experts: i64,
-        num_max_tokens_per_rank: i64,
-        num_topk: i64,
-        hidden: i64,
-        intermediate_hidden: i64,
-        kind: &str,
-        group: Option<i64>,
-        clamp: Option<f64>,
-    ) -> PyResult<Self> {
-        match api::open_layer(&LayerArgs {
-            num_ranks,
-            num_experts,
-            num_max_tokens_per_rank,
-            num_topk,
-            hidden,
-            intermediate_hidden,
-            kind,
-            group,
-            clamp,
-        })? {}
-    }
-}
-
 #[pymodule]
 fn _megamoe(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(get_symm_buffer_size, m)?)?;
@@ -170,7 +128,6 @@ fn _megamoe(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(reference_forward, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_available, m)?)?;
     m.add_function(wrap_pyfunction!(info, m)?)?;
-    m.add_class::<MoELayer>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

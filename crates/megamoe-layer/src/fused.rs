@@ -32,6 +32,7 @@ use megamoe_gemm::heuristics::{GemmConfig, GemmProblem, Layout, OutDtype};
 use megamoe_gemm::GemmPointers;
 
 use crate::error::{LayerError, Result};
+use crate::inputs::append_staged;
 use crate::kernel::{
     fused_smem_bytes, fused_spec, l1_config, FusedParams, FusedProbeParams, FusedRegions,
     SwigluQuant, FUSED_BAD_BOUND, FUSED_NO_FAULT, FUSED_RING_OVERFLOW, FUSED_STOP_AFTER_ROUTING,
@@ -674,27 +675,18 @@ impl FusedLayer {
     /// Every rank's staged inputs as bytes: the input rows and scales, the routing, the bf16
     /// staging (the selftest's "nothing written before validation" check).
     pub(crate) fn input_bytes(&self) -> Result<Vec<u8>> {
-        let (t, h, k) = (
-            self.spec.max_tokens,
-            self.spec.shape.hidden,
-            self.spec.shape.topk,
-        );
+        let off = |name| region(&self.layout, name) as usize;
         let mut out = Vec::new();
         for r in 0..self.spec.ranks {
             let buf = self.buffers.local(r);
-            for (name, bytes) in [
-                ("x", t * h),
-                ("x_scales", t * h / 128 * 4),
-                ("topk_idx", t * k * 4),
-                ("topk_weights", t * k * 4),
-            ] {
-                let mut v = vec![0u8; bytes];
-                buf.download_into(region(&self.layout, name) as usize, &mut v)?;
-                out.extend(v);
-            }
-            let mut v = vec![0u8; t * h * 2];
-            self.ranks[r].x_bf16.download_into(0, &mut v)?;
-            out.extend(v);
+            let places = [
+                (buf, off("x")),
+                (buf, off("x_scales")),
+                (buf, off("topk_idx")),
+                (buf, off("topk_weights")),
+                (&self.ranks[r].x_bf16, 0),
+            ];
+            append_staged(&self.spec, places, &mut out)?;
         }
         Ok(out)
     }

@@ -6,6 +6,9 @@ use megamoe_core::numerics::INPUT_SCALE_FLOOR;
 use megamoe_core::quant::{quantize_rows, QuantRows, INPUT_GROUP};
 use megamoe_core::{LayerOptions, WorldInputs};
 
+use megamoe_cuda::DeviceBuffer;
+
+use crate::error::Result;
 use crate::spec::LayerSpec;
 use crate::split::{Activations, RankInput};
 
@@ -68,4 +71,23 @@ pub fn spec_for(world: &WorldInputs, options: &LayerOptions) -> LayerSpec {
     spec.group = options.group;
     spec.clamp = options.clamp;
     spec
+}
+
+/// Appends one rank's staged inputs to `out` (the selftest's "nothing written before
+/// validation" check), read from where a layer keeps them, in this order: e4m3 rows `[T_max,
+/// H]`, their scales `[T_max, H/128]`, topk_idx and topk_weights `[T_max, K]`, the bf16 staging
+/// `[T_max, H]`. Each place is a buffer and a byte offset.
+pub(crate) fn append_staged(
+    spec: &LayerSpec,
+    places: [(&DeviceBuffer, usize); 5],
+    out: &mut Vec<u8>,
+) -> Result<()> {
+    let (t, h, k) = (spec.max_tokens, spec.shape.hidden, spec.shape.topk);
+    let sizes = [t * h, t * h / 128 * 4, t * k * 4, t * k * 4, t * h * 2];
+    for ((buf, offset), bytes) in places.into_iter().zip(sizes) {
+        let start = out.len();
+        out.resize(start + bytes, 0);
+        buf.download_into(offset, &mut out[start..])?;
+    }
+    Ok(())
 }

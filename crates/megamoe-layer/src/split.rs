@@ -28,6 +28,7 @@ use megamoe_gemm::heuristics::{choose, GemmConfig, GemmProblem, Layout, OutDtype
 use megamoe_gemm::{GemmPointers, GroupedGemm};
 
 use crate::error::{LayerError, Result};
+use crate::inputs::append_staged;
 use crate::kernel::{l1_config, l1_problem, split_l1_spec, SplitL1Params, SwigluQuant};
 use crate::spec::{LayerSpec, POOL_PAD};
 use crate::weights;
@@ -368,29 +369,18 @@ impl SplitLayer {
     /// Every rank's staged inputs as bytes: the input rows and scales, the routing, the bf16
     /// staging (the selftest's "nothing written before validation" check).
     pub(crate) fn input_bytes(&self) -> Result<Vec<u8>> {
-        let (t, h, k) = (
-            self.spec.max_tokens,
-            self.spec.shape.hidden,
-            self.spec.shape.topk,
-        );
         let l = self.ep.layout;
         let mut out = Vec::new();
-        let mut read = |buf: &DeviceBuffer, offset: usize, bytes: usize| -> Result<()> {
-            let mut v = vec![0u8; bytes];
-            buf.download_into(offset, &mut v)?;
-            out.extend(v);
-            Ok(())
-        };
         for r in 0..self.spec.ranks {
-            read(self.ep.buffer(r), l.in_rows, t * h)?;
-            read(self.ep.buffer(r), l.in_scales, t * h / 128 * 4)?;
-            read(
-                self.ep.io(r),
-                self.ep.io_offset(IoRegion::TopkIdx),
-                t * k * 4,
-            )?;
-            read(self.ep.io(r), self.ep.io_offset(IoRegion::Probs), t * k * 4)?;
-            read(&self.ranks[r].x_bf16, 0, t * h * 2)?;
+            let (buf, io) = (self.ep.buffer(r), self.ep.io(r));
+            let places = [
+                (buf, l.in_rows),
+                (buf, l.in_scales),
+                (io, self.ep.io_offset(IoRegion::TopkIdx)),
+                (io, self.ep.io_offset(IoRegion::Probs)),
+                (&self.ranks[r].x_bf16, 0),
+            ];
+            append_staged(&self.spec, places, &mut out)?;
         }
         Ok(out)
     }

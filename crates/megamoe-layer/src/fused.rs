@@ -52,6 +52,7 @@ pub const WAITS: WaitNames = WaitNames {
         "the pull waiting for a ring slot's previous m-block to finish L2",
         "the grid barrier after the call's plan",
         "the pull waiting for the L1 frontier to come within pull_ahead blocks",
+        "the releaser waiting for a consumer warpgroup's slice of a task",
     ],
 };
 

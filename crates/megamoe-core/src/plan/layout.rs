@@ -16,8 +16,8 @@ use crate::preset::Shape;
 /// Alignment of every region: above TMA's 16 B and a whole number of 128 B lines, so no two
 /// regions share a cache line and flags never share a line with data.
 pub const REGION_ALIGN: u64 = 256;
-/// Bytes of one ring row's record besides its data: routing weight (f32), source rank and slot
-/// (u32 each).
+/// Bytes of one ring row's record besides its data: routing weight (f32) and the address of its
+/// L2 output row (u64).
 pub const ROW_INFO_BYTES: u64 = 12;
 /// Bytes of the record a call rejected on the device leaves: code, rank, what, peer (u32),
 /// value seen, value expected (u64). Expired waits are recorded outside the buffer, in
@@ -276,7 +276,7 @@ fn fused_regions(
         ),
         (
             "row_dest",
-            format!("u32 [{rows}, 2]: each ring row's source rank and slot"),
+            format!("u64 [{rows}]: where each ring row's L2 output goes (its row of the source rank's combine region)"),
             rows * 8,
         ),
         (

@@ -109,6 +109,20 @@ __device__ __forceinline__ void red_release_gpu_add_u32(u32* p, u32 v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
+// Brings the line holding `p` into L1 ahead of a load that will need it.
+__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
+
+// A counter in shared memory handed between warps of one CTA.
+__device__ __forceinline__ void red_release_cta_shared_add_u32(u32* p, u32 v) {
+  asm volatile("red.release.cta.shared::cta.add.u32 [%0], %1;" ::"r"(smem_addr(p)), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ u32 ld_acquire_cta_shared_u32(const u32* p) {
+  u32 v;
+  asm volatile("ld.acquire.cta.shared::cta.u32 %0, [%1];" : "=r"(v) : "r"(smem_addr(p)) : "memory");
+  return v;
+}
+
 __device__ __forceinline__ u64 ld_acquire_gpu_u64(const u64* p) {
   u64 v;
   asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");

@@ -10,7 +10,7 @@
 namespace megamoe::layer {
 
 constexpr int kMaxTopk = 8;
-constexpr int kCombineUnroll = 1;  // 16-byte column vectors per lane per step, per copy
+constexpr int kCombineUnroll = 2;  // 16-byte column vectors per lane per step, per copy
 
 __device__ void combine_rows(const FusedRegions& r, u32 warp, u32 warps) {
     const u32 lane = threadIdx.x % 32, K = r.topk, V = r.hidden / 8;

@@ -16,6 +16,7 @@ enum FusedWait : u32 {
     kWaitSlotFree = 0x302,    // a pull waits for the L2 tasks of the slot's previous m-block
     kWaitGrid = 0x303,        // the grid barrier after the plan
     kWaitPullTurn = 0x304,    // a pull waits for the L1 frontier to come within pull_ahead blocks
+    kWaitSlicesDone = 0x305,  // the releaser waits for a consumer warpgroup's slice of a task
 };
 
 // Counters of one m-block, zeroed by every call before its grid barrier.
@@ -50,6 +51,24 @@ __device__ __forceinline__ bool wait_flag(const FusedRegions& r, const u32* flag
         }
     }
     ptx::fence_proxy_async_global();
+    return true;
+}
+
+// The releaser's wait for a warpgroup's slice counter in shared memory (acquire) to reach
+// `target`; `block` names the task's m-block in the record. Short sleeps: the consumers finish a
+// slice every few microseconds, and this warp shares its scheduler with two of theirs.
+__device__ __forceinline__ bool wait_slices(const FusedRegions& r, const u32* counter, u32 target, u32 block) {
+    u32 v = ptx::ld_acquire_cta_shared_u32(counter);
+    if (v >= target) return true;
+    const auto deadline = comm::Deadline::after(r.deadline_ns);
+    while ((v = ptx::ld_acquire_cta_shared_u32(counter)) < target) {
+        __nanosleep(64);
+        if (deadline.expired()) {
+            comm::report_timeout(reinterpret_cast<comm::WaitRecord*>(r.wait_record), kWaitSlicesDone, r.rank, block,
+                                 v, target);
+            return false;
+        }
+    }
     return true;
 }
 

@@ -6,8 +6,8 @@
 // ... of the sequence (block, row); a block's rows are thus pulled by up to 128 warps at once.
 // Before it writes a slot, a worker waits until every L2 task of the slot's previous block is
 // done (the ring; the stream makes that wait depend on earlier tasks only). A pulled row brings
-// its e4m3 data, its scales (group-major, as the L1 TMA loads them), its routing weight and its
-// destination; each row raises its block's rows_pulled.
+// its e4m3 data, its scales (group-major, as the L1 TMA loads them), its routing weight and the
+// address of its L2 output row; each row raises its block's rows_pulled.
 #pragma once
 #include <megamoe/ptx/memory.cuh>
 #include <megamoe_layer/comm/flags.cuh>
@@ -63,7 +63,7 @@ __device__ void pull_rows(const FusedRegions& r, u32 worker, u32 workers, const 
         if (lane == 0) {
             reinterpret_cast<float*>(me + r.off_ring_weights)[row] =
                 reinterpret_cast<const float*>(peer + r.off_topk_weights)[slot];
-            reinterpret_cast<RowDest*>(me + r.off_row_dest)[row] = RowDest{src, slot};
+            reinterpret_cast<u64*>(me + r.off_row_dest)[row] = r.peer_base[src] + r.off_combine + u64(slot) * H * 2;
         }
         ptx::fence_proxy_async_global();
         __syncwarp();

@@ -1,8 +1,9 @@
 // The fused kernel's L2 epilogue (SPEC §3 step 4's output): each valid row of a warpgroup's
 // 64-row slice goes, as bf16, to its token's rank: row (t, k) of that rank's combine region
-// [t_cap, K, H]. The slice is staged 64 columns at a time in shared memory (the TMA-store
-// epilogue's swizzled tile, megamoe_gemm/epilogue/store.cuh), then every thread copies 16-byte
-// pieces of four rows, so each row's 128 bytes leave as whole lines.
+// [t_cap, K, H], whose address the pull wrote beside the ring row (row_dest). The slice is staged
+// 64 columns at a time in shared memory (the TMA-store epilogue's swizzled tile,
+// megamoe_gemm/epilogue/store.cuh), then every thread copies 16-byte pieces of four rows, so
+// each row's 128 bytes leave as whole lines.
 #pragma once
 #include <megamoe/common.cuh>
 #include <megamoe/ptx/convert.cuh>
@@ -12,13 +13,21 @@
 
 namespace megamoe::layer {
 
-// Where a ring row came from: its source rank and its slot t·K + k there.
-struct RowDest {
-    u32 src, slot;
-};
+constexpr u32 kScatterRowsPerThread = 4;
 
 struct ScatterRows {
     const FusedRegions& r;
+
+    __device__ __forceinline__ const u64* row_dest(u32 row0) const {
+        return reinterpret_cast<const u64*>(reinterpret_cast<const char*>(r.peer_base[r.rank]) + r.off_row_dest) +
+               row0;
+    }
+
+    // Before the slice's K loop: brings its rows' destinations into L1, so that the epilogue's
+    // loads of them do not wait on L2 (each warp one 16-row line).
+    __device__ __forceinline__ void prefetch(u32 row0) const {
+        if (threadIdx.x % 32 == 0) ptx::prefetch_l1(row_dest(row0) + (threadIdx.x / 32) % 4 * 16);
+    }
 
     template <int kWaves, int kAccum>
     __device__ __forceinline__ void store(u8* staging, u32 wg, u32 row0, u32 col0, u32 rows_valid,
@@ -28,11 +37,15 @@ struct ScatterRows {
         const u32 lane = threadIdx.x % 32;
         const u32 warp = (threadIdx.x / 32) % 4;
         const gemm::NamedBarrier bar = gemm::warpgroup_barrier(wg);
-        // Rows this thread copies out (t/8 + 16 i) and its 16-byte piece of each (t % 8). Their
-        // destinations are read again for every piece (cached) rather than held: the slice's
-        // accumulators leave no registers for them.
-        const RowDest* dest = reinterpret_cast<const RowDest*>(reinterpret_cast<const char*>(r.peer_base[r.rank]) +
-                                                               r.off_row_dest) + row0;
+        // Rows this thread copies out (t/8 + 16 i) and its 16-byte piece of each (t % 8): their
+        // output addresses, 0 past the slice's valid rows.
+        const u64* dest = row_dest(row0);
+        u64 out[kScatterRowsPerThread];
+#pragma unroll
+        for (int i = 0; i < kScatterRowsPerThread; ++i) {
+            const u32 row = t / 8 + 16 * i;
+            out[i] = row < rows_valid ? dest[row] + (u64(col0) * 2 + (t % 8) * 16) : 0;
+        }
         // This lane's row address for stmatrix: matrices (rows 0-7 | 8-15) x (chunk | chunk+1).
         const u32 st_row = warp * 16 + lane % 8 + 8 * ((lane / 8) % 2);
         const u32 chunk_step = lane / 16;
@@ -54,14 +67,11 @@ struct ScatterRows {
                 gemm::named_barrier_sync(bar, 128);
                 const u32 col_bytes = (w * 2 * kAccum + half * 64) * 2;
 #pragma unroll
-                for (int i = 0; i < 4; ++i) {
+                for (int i = 0; i < kScatterRowsPerThread; ++i) {
                     const u32 row = t / 8 + 16 * i;
-                    if (row >= rows_valid) break;
-                    const RowDest d = dest[row];
+                    if (out[i] == 0) break;
                     const uint4 v = *reinterpret_cast<const uint4*>(staging + row * 128 + (((t % 8) ^ (row % 8)) * 16));
-                    char* out = reinterpret_cast<char*>(r.peer_base[d.src]) + r.off_combine +
-                                (static_cast<u64>(d.slot) * r.hidden + col0) * 2 + col_bytes + (t % 8) * 16;
-                    ptx::st_v4(out, v);
+                    ptx::st_v4(reinterpret_cast<char*>(out[i] + col_bytes), v);
                 }
             }
         }

@@ -11,6 +11,7 @@
 #pragma once
 #include <megamoe/common.cuh>
 #include <megamoe/ptx/convert.cuh>
+#include <megamoe/ptx/memory.cuh>
 
 namespace megamoe::layer {
 
@@ -24,6 +25,13 @@ struct SwigluQuant {
     u32 has_clamp;
     float clamp;
     u32 reserved[5];
+
+    // Before the slice's K loop (the fused kernel): brings its rows' routing weights into L1,
+    // so that the epilogue's loads of them do not wait on L2 (each warp its 16 rows).
+    __device__ __forceinline__ void prefetch(u32 row0) const {
+        if (threadIdx.x % 32 == 0)
+            ptx::prefetch_l1(reinterpret_cast<const float*>(weights) + row0 + (threadIdx.x / 32) % 4 * 16);
+    }
 
     template <int kWaves, int kAccum>
     __device__ __forceinline__ void store(u8* /*staging*/, u32 /*wg*/, u32 row0, u32 col0,

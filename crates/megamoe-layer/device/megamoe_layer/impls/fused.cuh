@@ -1,6 +1,7 @@
 // The fused MoE layer (SPEC §4 fused): one persistent launch per rank. 384 threads per CTA, one
 // CTA per SM: warpgroups 0 and 1 run the wgmma consumers of both GEMMs, warp 8 the TMA
-// producer, warps 9-11 the token pull (comm/pull.cuh).
+// producer, warps 9-10 the token pull (comm/pull.cuh), warp 11 the releaser, which raises the
+// block counters for the consumers (release_slices).
 //
 //   1. routing: count this rank's slots per expert and list them (send lists); publish T and
 //      the bound; raise kRoutingReady everywhere and wait for every rank's.
@@ -11,7 +12,8 @@
 //   3. tasks: the producer replays the stream (an L1 task waits for its block's rows, an L2
 //      task for its block's L1 tasks), the consumers run L1 with the SwiGLU + weight +
 //      re-quantization epilogue into the ring and L2 with the scatter epilogue to the tokens'
-//      ranks, and the pull fills ring slots once the slot's previous block is through L2.
+//      ranks, the releaser raises each block counter once a warpgroup's slice of it is
+//      written, and the pull fills ring slots once the slot's previous block is through L2.
 //   4. the consumer warpgroups (the producer warpgroup is done): raise kRowsWritten everywhere;
 //      wait for every rank's; combine this rank's tokens in slot order; zero the published
 //      counts for the next call.
@@ -39,7 +41,8 @@
 namespace megamoe::layer {
 
 constexpr u32 kMathWarps = 8;
-constexpr u32 kPullWarps = 3;
+constexpr u32 kPullWarps = 2;
+constexpr u32 kReleaserWarp = kMathWarps + 1 + kPullWarps;
 // Registers per thread by warpgroup (setmaxnreg is warpgroup-wide). The CTA's pool is what the
 // launch gave it, 384 x 168: the consumers may only take what the producer warpgroup gives back.
 constexpr u32 kLaunchRegs = 168;
@@ -119,24 +122,44 @@ __device__ void produce(const FusedParams& p, const FusedProbe& probe, const L1S
     }
 }
 
-// A warpgroup is done with its slice of a task: once the block's counter shows it, its writes
-// are visible to whoever acquires the counter (the barrier orders the warpgroup's writes before
-// the release; the reader orders its TMA loads after its acquire, comm/flags.cuh).
-__device__ __forceinline__ void finish_slice(u32* flag, u32 wg) {
-    gemm::named_barrier_sync(gemm::warpgroup_barrier(wg), 128);
-    if (threadIdx.x % 128 == 0) ptx::red_release_gpu_add_u32(flag, 1);
+// A consumer warp is done with its part of a warpgroup's slice: it counts itself in the
+// warpgroup's slice counter in shared memory (a CTA-scope release after the warp's barrier,
+// which orders every lane's writes before it).
+__device__ __forceinline__ void finish_slice(u32* slices_done) {
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) ptx::red_release_cta_shared_add_u32(slices_done, 1);
+}
+
+// The releaser (warp 11, one lane): walks this CTA's tasks in the consumers' order and, once
+// all four warps of a warpgroup have counted its slice of task j (4·(j+1) in its
+// counter, acquired), raises the block's counter with a gpu-scope release. The release is
+// cumulative: it covers the consumers' writes it acquired, so readers of the block counter
+// see the slice (and order their TMA loads after their acquire, comm/flags.cuh). The consumers
+// never wait for their stores to become visible; this warp does, off their path.
+__device__ void release_slices(const FusedRegions& r, const u32* slices_done, u32 n_tasks) {
+    TaskCursor cur(r);
+    BlockFlags* flags = block_flags(r);
+    u32 j = 0;
+    for (u32 i = ptx::ctaid_x(); i < n_tasks; i += gridDim.x, ++j) {
+        u32 kind, b, n;
+        cur.get(i, kind, b, n);
+        u32* flag = kind == kL1 ? &flags[b].l1_done : &flags[b].l2_done;
+        for (u32 wg = 0; wg < 2; ++wg) {
+            if (!wait_slices(r, &slices_done[wg], 4 * (j + 1), b)) return;
+            ptx::red_release_gpu_add_u32(flag, 1);
+        }
+    }
 }
 
 template <int kStages, bool kProbe, typename L1Smem, typename L2Smem>
 __device__ void consume(const FusedParams& p, const FusedProbe& probe, const L1Smem& s1, const L2Smem& s2,
-                        u32 wg, u32 n_tasks) {
+                        u32 wg, u32 n_tasks, u32* slices_done) {
     const FusedRegions& r = p.r;
     // A warpgroup's slice: 64 rows, two 128-column waves (for L1 a gate block and its up block).
     using Scales = gemm::TileWeightScales<128, 2, L1Smem::kScaleBRowFloats>;
     const u32 a_off = wg * 64;
     TaskCursor cur(r);
     gemm::RingCursor<kStages> ring;
-    BlockFlags* flags = block_flags(r);
     const BlockInfo* blocks = plan_blocks(r);
     const ScatterRows scatter{r};
     u32 i = ptx::ctaid_x();
@@ -152,6 +175,10 @@ __device__ void consume(const FusedParams& p, const FusedProbe& probe, const L1S
     while (true) {
         if (tracer()) task_trace(r, probe.trace, i)->wg[wg][0] = ptx::globaltimer_ns();
         scales.stage(s1.scale_b(wg), wg);
+        // Both epilogues' row data (an L1 slice reads weights, an L2 slice destinations):
+        // deciding by kind here would keep one more register across the K loop.
+        p.swiglu.prefetch(t.a_row + a_off);
+        scatter.prefetch(t.a_row + a_off);
         float sum[2][64];
         if (kind == kL1) {
             gemm::tile_k_loop<128, 2, 1, false, 0>(p.l1, s1, ring, t, wg, a_off, 0, sum);
@@ -172,11 +199,10 @@ __device__ void consume(const FusedParams& p, const FusedProbe& probe, const L1S
         const u32 rows_valid = t.rows_valid > a_off ? t.rows_valid - a_off : 0;
         if (kind == kL1) {
             p.swiglu.store(s1.staging(wg), wg, t.a_row + a_off, t.n0, rows_valid, sum);
-            finish_slice(&flags[b].l1_done, wg);
         } else {
             scatter.store(s1.staging(wg), wg, t.a_row + a_off, t.n0, rows_valid, sum);
-            finish_slice(&flags[b].l2_done, wg);
         }
+        finish_slice(&slices_done[wg]);
         if (tracer()) task_trace(r, probe.trace, i)->wg[wg][2] = ptx::globaltimer_ns();
         if (!more) break;
         i = next;
@@ -242,6 +268,7 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, const FusedProbe
     __shared__ u32 s_bad;
     __shared__ u64 s_epoch;
     __shared__ u32 s_pull_items;
+    __shared__ u32 s_slices_done[2];  // per consumer warpgroup: warp-slices written (finish_slice)
     const FusedRegions& r = p.r;
     const ep::comm::Signals sig{r.peer_base, r.off_epochs, r.off_signals, r.off_error, r.deadline_ns,
                                 reinterpret_cast<comm::WaitRecord*>(r.wait_record), r.rank, r.ranks};
@@ -276,7 +303,10 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, const FusedProbe
     if (tracer) cta_trace(probe.trace)->routed = ptx::globaltimer_ns();
 
     // 2. Plan. CTA 0's scratch is the ring's first stage, idle until the grid barrier.
-    if (threadIdx.x == 0) s_bad = check_bounds(r, sig);
+    if (threadIdx.x == 0) {
+        s_bad = check_bounds(r, sig);
+        s_slices_done[0] = s_slices_done[1] = 0;
+    }
     __syncthreads();
     if (blockIdx.x == 0 && s_bad == 0) {
         build_plan(r, reinterpret_cast<u32*>(base));
@@ -304,6 +334,8 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, const FusedProbe
             ptx::setmaxnreg_dec<kProducerRegs>();
             if (warp == kMathWarps) {
                 if (threadIdx.x % 32 == 0) produce<kStages, kProbe>(p, probe, s1, s2, h.n_tasks);
+            } else if (warp == kReleaserWarp) {
+                if (threadIdx.x % 32 == 0) release_slices(r, s_slices_done, h.n_tasks);
             } else {
                 pull_rows(r, ptx::ctaid_x() * kPullWarps + (warp - kMathWarps - 1), gridDim.x * kPullWarps,
                           s_pull_items);
@@ -313,7 +345,7 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, const FusedProbe
     }
     if (run) {
         ptx::setmaxnreg_inc<kConsumerRegs>();
-        consume<kStages, kProbe>(p, probe, s1, s2, warp / 4, h.n_tasks);
+        consume<kStages, kProbe>(p, probe, s1, s2, warp / 4, h.n_tasks, s_slices_done);
     }
     if (my_fault == kStopMidTasks) return;
     if (tracer) cta_trace(probe.trace)->tasks_done = ptx::globaltimer_ns();

@@ -23,6 +23,31 @@ pub struct Check {
     pub run: Box<dyn Fn() -> std::result::Result<String, String>>,
 }
 
+/// The verdict of a fault check on every rank's expired wait (`waits`, rank order): every rank
+/// but `faulty` reported a wait of its own that names `faulty` as the rank it waited for. Returns
+/// the waits seen, else which rank did not.
+pub fn every_other_rank_names(
+    waits: &[Option<Error>],
+    faulty: usize,
+) -> std::result::Result<String, String> {
+    let mut seen = Vec::new();
+    for (r, w) in waits.iter().enumerate().filter(|(r, _)| *r != faulty) {
+        match w {
+            Some(Error::WaitTimeout {
+                rank, wait, peer, ..
+            }) if *rank == r && *peer == faulty => {
+                seen.push(format!("rank {r}: `{wait}`"));
+            }
+            other => {
+                return Err(format!(
+                    "rank {r} did not report a wait for rank {faulty}: {other:?}"
+                ))
+            }
+        }
+    }
+    Ok(format!("{} waiting for rank {faulty}", seen.join(", ")))
+}
+
 /// Every GPU check of this crate, in the order they should run.
 pub fn checks() -> Vec<Check> {
     let check = |name: &str, run: fn() -> Result<String>| Check {

@@ -37,6 +37,18 @@ pub enum EpError {
         needed: u64,
         bound: u64,
     },
+    /// A rank published a count no routing gives (a corrupt count matrix): every rank that
+    /// read it rejected the call before moving rows.
+    #[error("rank {rank}: rank {peer} published {what} = {seen}, above {bound} (a corrupt count); {rejected} of {ranks} ranks rejected the call, no rows were moved")]
+    BadCount {
+        rank: usize,
+        peer: usize,
+        what: String,
+        seen: u64,
+        bound: u64,
+        rejected: usize,
+        ranks: usize,
+    },
     /// The NCCL baseline of the benchmark.
     #[error("NCCL {call}: {message}")]
     Nccl { call: &'static str, message: String },

@@ -16,7 +16,7 @@ pub mod world;
 
 pub use error::EpError;
 pub use layout::{BufferLayout, BufferSpec, HandleLayout, RowDtype};
-pub use params::{kernel_specs, CombineOrder};
+pub use params::{kernel_specs, CombineOrder, FaultKind, InjectedFault};
 pub use world::{
     bytemuck_bf16, Dispatched, EpConfig, EpWorld, Handle, HandlePtrs, IoRegion, RankPtrs, Rows,
     SyncMode, DEFAULT_NUM_SMS,

@@ -115,6 +115,72 @@ pub enum CombineOrder {
 pub const ERR_OK: u32 = 0;
 pub const ERR_BAD_TOPK: u32 = 2;
 pub const ERR_OVERFLOW: u32 = 3;
+/// A published count no routing gives (above its source's T, or a T above the capacity).
+pub const ERR_BAD_COUNT: u32 = 6;
+
+/// A fault the probe instantiations of dispatch and combine inject on one rank (device:
+/// `FaultSpec`): the fault checks of the selftest. A world built with one
+/// ([`crate::EpConfig::fault`]) loads the probe kernels; the default kernels have none of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InjectedFault {
+    pub rank: usize,
+    pub kind: FaultKind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultKind {
+    /// Dispatch and combine return at entry, as on a rank that never launched them.
+    NeverArrives,
+    /// Dispatch publishes its counts and routing, raises `dispatch ready`, then stops.
+    StopMidDispatch,
+    /// Combine raises `combine ready`, then stops.
+    StopMidCombine,
+    /// Dispatch publishes a count no routing gives (its expert 0: T + 1).
+    CorruptCount,
+    /// Dispatch sleeps this long before raising `dispatch ready`, then goes on.
+    SlowPeer(std::time::Duration),
+}
+
+/// [`InjectedFault`] as the device takes it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FaultSpec {
+    pub sleep_ns: u64,
+    pub rank: u32,
+    pub fault: u32,
+}
+
+impl From<InjectedFault> for FaultSpec {
+    fn from(f: InjectedFault) -> Self {
+        let (fault, sleep_ns) = match f.kind {
+            FaultKind::NeverArrives => (1, 0),
+            FaultKind::StopMidDispatch => (2, 0),
+            FaultKind::StopMidCombine => (3, 0),
+            FaultKind::CorruptCount => (4, 0),
+            FaultKind::SlowPeer(d) => (5, megamoe_cuda::wait::deadline_ns(d)),
+        };
+        FaultSpec {
+            sleep_ns,
+            rank: f.rank as u32,
+            fault,
+        }
+    }
+}
+
+/// The probe instantiations' parameters (device: `DispatchProbeParams`, `CombineProbeParams`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct DispatchProbeParams {
+    pub p: DispatchParams,
+    pub fault: FaultSpec,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CombineProbeParams {
+    pub p: CombineParams,
+    pub fault: FaultSpec,
+}
 
 // Sizes as the device code computes them (asserted in params.cuh too).
 const _: () = assert!(std::mem::size_of::<Layout>() == 8 * 8 + 24 * 8 + 8 * 4);
@@ -123,6 +189,11 @@ const _: () =
 const _: () =
     assert!(std::mem::size_of::<CombineParams>() == std::mem::size_of::<Layout>() + 16 + 16);
 const _: () = assert!(std::mem::size_of::<ErrorRecord>() as u64 == ERROR_RECORD_BYTES);
+const _: () = assert!(
+    std::mem::size_of::<DispatchProbeParams>() == std::mem::size_of::<DispatchParams>() + 16
+);
+const _: () =
+    assert!(std::mem::size_of::<CombineProbeParams>() == std::mem::size_of::<CombineParams>() + 16);
 const _: () = assert!(std::mem::size_of::<GatherParams>() == 32);
 const _: () = assert!(std::mem::align_of::<DispatchParams>() == 8);
 const _: () = assert!(std::mem::align_of::<CombineParams>() == 8);
@@ -132,6 +203,8 @@ const _: () = assert!(std::mem::align_of::<ErrorRecord>() == 8);
 unsafe impl Pod for DispatchParams {}
 unsafe impl Pod for CombineParams {}
 unsafe impl Pod for GatherParams {}
+unsafe impl Pod for DispatchProbeParams {}
+unsafe impl Pod for CombineProbeParams {}
 unsafe impl Pod for ErrorRecord {}
 
 /// This crate's device headers, included as `<megamoe_ep/...>`.
@@ -153,7 +226,7 @@ pub const THREADS: u32 = 512;
 /// chunks per warp for its bulk stores, and one chunk of zeros for the padding rows.
 pub const DISPATCH_DYNAMIC_SMEM: u32 = (2 * THREADS / 32 + 1) * 4096;
 
-/// A translation unit defining `entry`, which runs `ep::body(p)` on one `Params` struct.
+/// A translation unit defining `entry`, which runs `ep::{body}` on one `Params` struct `p`.
 fn unit(entry: &str, header: &str, params: &str, body: &str) -> KernelSpec {
     KernelSpec {
         name: entry.to_string(),
@@ -161,39 +234,69 @@ fn unit(entry: &str, header: &str, params: &str, body: &str) -> KernelSpec {
         source: format!(
             "#include <megamoe_ep/impls/{header}>\n\
              extern \"C\" __global__ void __launch_bounds__({THREADS}, 1) \
-             {entry}(const __grid_constant__ ep::{params} p) {{ ep::{body}(p); }}\n"
+             {entry}(const __grid_constant__ ep::{params} p) {{ ep::{body}; }}\n"
         ),
         headers: vec![HEADERS],
         options: vec![],
     }
 }
 
-/// dispatch_with_permute, its cached replay (combine's backward) and the unpermuted arm.
-pub fn dispatch_kernel() -> KernelSpec {
-    unit(
-        "ep_dispatch",
-        "dispatch.cuh",
-        "DispatchParams",
-        "dispatch_kernel",
-    )
+/// dispatch_with_permute, its cached replay (combine's backward) and the unpermuted arm;
+/// `probe`: the instantiation that injects a fault ([`DispatchProbeParams`]).
+pub fn dispatch_kernel(probe: bool) -> KernelSpec {
+    if probe {
+        unit(
+            "ep_dispatch_probe",
+            "dispatch.cuh",
+            "DispatchProbeParams",
+            "dispatch_kernel<true>(p.p, p.fault)",
+        )
+    } else {
+        unit(
+            "ep_dispatch",
+            "dispatch.cuh",
+            "DispatchParams",
+            "dispatch_kernel<false>(p, ep::FaultSpec{})",
+        )
+    }
 }
 
-/// combine_with_unpermute (and dispatch's backward).
-pub fn combine_kernel() -> KernelSpec {
-    unit(
-        "ep_combine",
-        "combine.cuh",
-        "CombineParams",
-        "combine_kernel",
-    )
+/// combine_with_unpermute (and dispatch's backward); `probe` as for [`dispatch_kernel`].
+pub fn combine_kernel(probe: bool) -> KernelSpec {
+    if probe {
+        unit(
+            "ep_combine_probe",
+            "combine.cuh",
+            "CombineProbeParams",
+            "combine_kernel<true>(p.p, p.fault)",
+        )
+    } else {
+        unit(
+            "ep_combine",
+            "combine.cuh",
+            "CombineParams",
+            "combine_kernel<false>(p, ep::FaultSpec{})",
+        )
+    }
 }
 
 /// The row gather of the NCCL baseline's permutes.
 pub fn gather_kernel() -> KernelSpec {
-    unit("ep_gather", "gather.cuh", "GatherParams", "gather_kernel")
+    unit(
+        "ep_gather",
+        "gather.cuh",
+        "GatherParams",
+        "gather_kernel(p)",
+    )
 }
 
 /// Registry hook: every kernel this crate compiles (shapes are run-time parameters).
 pub fn kernel_specs() -> Vec<KernelSpec> {
-    vec![dispatch_kernel(), combine_kernel(), gather_kernel()]
+    vec![
+        dispatch_kernel(false),
+        combine_kernel(false),
+        dispatch_kernel(true),
+        combine_kernel(true),
+        gather_kernel(),
+    ]
 }

@@ -12,10 +12,11 @@ use megamoe_core::quant::quantize_rows;
 use megamoe_core::rng::splitmix64;
 use megamoe_core::routing::{generate_world, RoutingKind, RoutingSpec};
 use megamoe_core::Error;
-use megamoe_cuda::selftest::Check;
+use megamoe_cuda::selftest::{every_other_rank_names, Check};
 
 use crate::error::EpError;
 use crate::layout::{BufferSpec, RowDtype};
+use crate::params::{FaultKind, InjectedFault};
 use crate::world::{bytemuck_bf16, EpConfig, EpWorld, IoRegion, Rows, SyncMode};
 
 const POISON: u8 = 0xA5;
@@ -140,7 +141,87 @@ pub fn gpu_checks() -> Vec<Check> {
             run: Box::new(move || check(small(2))),
         });
     }
+    for kind in fault_kinds(FAULT_DEADLINE) {
+        checks.push(Check {
+            name: format!("ep.r4.fault.{}", fault_name(kind)),
+            run: Box::new(move || injected_fault(kind)),
+        });
+    }
     checks
+}
+
+/// The budget of every wait in the fault checks.
+pub const FAULT_DEADLINE: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Every fault the probe kernels inject; the slow peer sleeps twice `deadline`.
+pub fn fault_kinds(deadline: std::time::Duration) -> [FaultKind; 5] {
+    [
+        FaultKind::NeverArrives,
+        FaultKind::StopMidDispatch,
+        FaultKind::StopMidCombine,
+        FaultKind::CorruptCount,
+        FaultKind::SlowPeer(2 * deadline),
+    ]
+}
+
+/// A short name of `kind` for check names.
+pub fn fault_name(kind: FaultKind) -> &'static str {
+    match kind {
+        FaultKind::NeverArrives => "never_arrives",
+        FaultKind::StopMidDispatch => "stops_mid_dispatch",
+        FaultKind::StopMidCombine => "stops_mid_combine",
+        FaultKind::CorruptCount => "corrupt_count",
+        FaultKind::SlowPeer(_) => "slow_peer",
+    }
+}
+
+/// `kind` injected on rank 2 of four in a dispatch + combine round trip: every other rank
+/// reports a wait of its own that names rank 2 (or, for a corrupt count, every rank rejects the
+/// call naming rank 2, before moving rows), the host hears of it within ten deadlines, and a new
+/// world in the same process gives the reference's bits.
+fn injected_fault(kind: FaultKind) -> Result<String, String> {
+    let (spec, faulty) = (small(4), 2);
+    let mut config = EpConfig::new(spec, RowDtype::Fp8);
+    config.num_sms = 16;
+    config.deadline = FAULT_DEADLINE;
+    config.fault = Some(InjectedFault { rank: faulty, kind });
+    let faulty_world = EpWorld::new(config).map_err(s)?;
+    let start = std::time::Instant::now();
+    let e = match round_trip(&faulty_world, Routing::Uniform, SMALL_TOKENS, 16, 61) {
+        Ok(()) => {
+            return Err(format!(
+                "the round trip succeeded with rank {faulty} faulty"
+            ))
+        }
+        Err(e) => e,
+    };
+    let took = start.elapsed();
+    if took > 10 * FAULT_DEADLINE {
+        return Err(format!("reported after {took:?}: {e}"));
+    }
+    let verdict = if kind == FaultKind::CorruptCount {
+        if !e.contains(&format!("rank {faulty} published")) || !e.contains("4 of 4 ranks") {
+            return Err(format!(
+                "the error does not name rank {faulty} on every rank: {e}"
+            ));
+        }
+        e
+    } else {
+        every_other_rank_names(&faulty_world.expired_waits().map_err(s)?, faulty)?
+    };
+    drop(faulty_world);
+    round_trip(
+        &world(spec, RowDtype::Fp8, 16)?,
+        Routing::Uniform,
+        SMALL_TOKENS,
+        16,
+        61,
+    )
+    .map_err(|e| format!("the new world: {e}"))?;
+    Ok(format!(
+        "reported in {:.0} ms: {verdict}; a new world is bitwise right",
+        took.as_secs_f64() * 1e3
+    ))
 }
 
 fn dtype_name(d: RowDtype) -> &'static str {

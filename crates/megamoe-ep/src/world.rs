@@ -15,7 +15,8 @@ use megamoe_cuda::{jit, DeviceBuffer, Graph, Kernel, LaunchConfig, Rank, Symmetr
 use crate::error::EpError;
 use crate::layout::{BufferLayout, BufferSpec, HandleLayout, RowDtype, MAX_RANKS};
 use crate::params::{
-    self, CombineOrder, CombineParams, DispatchParams, ErrorRecord, Layout, THREADS,
+    self, CombineOrder, CombineParams, CombineProbeParams, DispatchParams, DispatchProbeParams,
+    ErrorRecord, FaultSpec, InjectedFault, Layout, THREADS,
 };
 
 /// How a call synchronizes with the host.
@@ -39,6 +40,9 @@ pub struct EpConfig {
     /// FP8 dispatch output scales group-major, `[H/128, max_rows]` (the grouped GEMM's
     /// activation-scale layout), instead of row-major `[rows, H/128]`.
     pub group_major_scales: bool,
+    /// A fault to inject (the selftest's fault checks): the world then runs the probe
+    /// instantiations of dispatch and combine; None (the default) runs the default kernels.
+    pub fault: Option<InjectedFault>,
 }
 
 /// Default SMs per rank for dispatch and combine (measured: docs/PERF.md).
@@ -52,6 +56,7 @@ impl EpConfig {
             num_sms: DEFAULT_NUM_SMS,
             deadline: DEFAULT_DEADLINE,
             group_major_scales: false,
+            fault: None,
         }
     }
 }
@@ -146,8 +151,9 @@ impl EpWorld {
             compile_report += &format!("{}: {}\n", compiled.name, compiled.report);
             Ok(world.load(&compiled)?)
         };
-        let dispatch = load(params::dispatch_kernel())?;
-        let combine = load(params::combine_kernel())?;
+        let probe = config.fault.is_some();
+        let dispatch = load(params::dispatch_kernel(probe))?;
+        let combine = load(params::combine_kernel(probe))?;
         let gather = load(params::gather_kernel())?;
         let layout = BufferLayout::new(&spec);
         let hlayout = HandleLayout::new(&spec);
@@ -491,9 +497,18 @@ impl EpWorld {
                 order: order as i32,
                 ..Default::default()
             };
-            self.rank(r)
-                .gpu
-                .launch(&self.combine[r], &self.launch_config(), &p)?;
+            let (gpu, kernel, config) = (&self.rank(r).gpu, &self.combine[r], self.launch_config());
+            match self.config.fault {
+                None => gpu.launch(kernel, &config, &p)?,
+                Some(f) => gpu.launch(
+                    kernel,
+                    &config,
+                    &CombineProbeParams {
+                        p,
+                        fault: FaultSpec::from(f),
+                    },
+                )?,
+            }
         }
         if mode == SyncMode::Blocking {
             self.sync()?;
@@ -609,7 +624,18 @@ impl EpWorld {
             let config = self
                 .launch_config()
                 .with_dynamic_smem(params::DISPATCH_DYNAMIC_SMEM);
-            self.rank(r).gpu.launch(&self.dispatch[r], &config, &p)?;
+            let (gpu, kernel) = (&self.rank(r).gpu, &self.dispatch[r]);
+            match self.config.fault {
+                None => gpu.launch(kernel, &config, &p)?,
+                Some(f) => gpu.launch(
+                    kernel,
+                    &config,
+                    &DispatchProbeParams {
+                        p,
+                        fault: FaultSpec::from(f),
+                    },
+                )?,
+            }
         }
         Ok(())
     }
@@ -695,6 +721,7 @@ impl EpWorld {
             r.check_waits(&[&crate::error::WAITS])?;
         }
         let mut first = None;
+        let mut rejected = 0;
         for rank in 0..self.ranks() {
             let mut rec = [ErrorRecord::default()];
             self.buffer(rank)
@@ -704,16 +731,46 @@ impl EpWorld {
             }
             self.buffer(rank)
                 .fill(self.layout.error, std::mem::size_of::<ErrorRecord>(), 0)?;
-            if first.is_none() {
-                first = Some(self.describe(rank, rec[0])?);
-            }
+            rejected += 1;
+            first.get_or_insert((rank, rec[0]));
         }
-        first.map_or(Ok(()), Err)
+        match first {
+            None => Ok(()),
+            Some((rank, rec)) => Err(self.describe(rank, rec, rejected)?),
+        }
     }
 
-    fn describe(&self, rank: usize, rec: ErrorRecord) -> Result<EpError, EpError> {
+    /// Every rank's expired wait (rank order; None where none expired): after a [`Self::sync`]
+    /// that reported one, which rank waited for whom.
+    pub fn expired_waits(&self) -> Result<Vec<Option<megamoe_cuda::Error>>, EpError> {
+        let mut out = Vec::with_capacity(self.ranks());
+        for r in self.world.ranks() {
+            out.push(match r.check_waits(&[&crate::error::WAITS]) {
+                Ok(()) => None,
+                Err(e @ megamoe_cuda::Error::WaitTimeout { .. }) => Some(e),
+                Err(e) => return Err(e.into()),
+            });
+        }
+        Ok(out)
+    }
+
+    /// The error of rank `rank`'s record; `rejected`: ranks whose record was set.
+    fn describe(&self, rank: usize, rec: ErrorRecord, rejected: usize) -> Result<EpError, EpError> {
         let s = &self.config.spec;
         Ok(match rec.code {
+            params::ERR_BAD_COUNT => EpError::BadCount {
+                rank,
+                peer: rec.peer as usize,
+                what: if rec.what as usize == s.experts {
+                    "its token count T".into()
+                } else {
+                    format!("the rows of expert {}", rec.what)
+                },
+                seen: rec.seen,
+                bound: rec.expected,
+                rejected,
+                ranks: self.ranks(),
+            },
             params::ERR_OVERFLOW => EpError::Overflow {
                 rank,
                 needed: rec.seen,

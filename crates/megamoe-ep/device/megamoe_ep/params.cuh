@@ -32,7 +32,24 @@ enum CombineOrder : int {
 };
 // Error codes of the device error record (a wait past its deadline is recorded in the rank's
 // `megamoe::comm::WaitRecord` instead).
-enum ErrorCode : u32 { kOk = 0, kBadTopk = 2, kOverflow = 3 };
+enum ErrorCode : u32 { kOk = 0, kBadTopk = 2, kOverflow = 3, kBadCount = 6 };
+
+// Faults the probe instantiations of dispatch and combine (ep_dispatch_probe, ep_combine_probe)
+// inject on one rank, for the fault checks; the default kernels are instantiated without them.
+enum Fault : u32 {
+    kFaultNone = 0,
+    kFaultNeverArrives = 1,     // dispatch and combine return at entry
+    kFaultStopMidDispatch = 2,  // dispatch publishes its counts and meta, raises kDispatchReady, stops
+    kFaultStopMidCombine = 3,   // combine raises kCombineReady, then stops
+    kFaultCorruptCount = 4,     // dispatch publishes a count no routing gives (expert 0: T + 1)
+    kFaultSlowPeer = 5,         // dispatch sleeps sleep_ns before raising kDispatchReady, then goes on
+};
+
+struct FaultSpec {
+    u64 sleep_ns;
+    u32 rank;   // the rank that takes the fault
+    u32 fault;  // a Fault
+};
 
 // Where everything lives: byte offsets inside every rank's symmetric buffer (the same on all
 // ranks) and inside this rank's handle block.
@@ -67,6 +84,16 @@ struct CombineParams {
     int _pad0, _pad1;
 };
 
+struct DispatchProbeParams {
+    DispatchParams p;
+    FaultSpec fault;
+};
+
+struct CombineProbeParams {
+    CombineParams p;
+    FaultSpec fault;
+};
+
 struct GatherParams {
     u64 src, dst, index;  // rows [*, row_bytes], rows [rows, row_bytes], i32 [rows]
     int rows, row_bytes;
@@ -83,5 +110,7 @@ struct ErrorRecord {
 MEGAMOE_PARAMS_LAYOUT(ep::Layout, 8 * 8 + 24 * 8 + 8 * 4, 8);
 MEGAMOE_PARAMS_LAYOUT(ep::DispatchParams, sizeof(ep::Layout) + 16 + 32, 8);
 MEGAMOE_PARAMS_LAYOUT(ep::CombineParams, sizeof(ep::Layout) + 16 + 16, 8);
+MEGAMOE_PARAMS_LAYOUT(ep::DispatchProbeParams, sizeof(ep::DispatchParams) + 16, 8);
+MEGAMOE_PARAMS_LAYOUT(ep::CombineProbeParams, sizeof(ep::CombineParams) + 16, 8);
 MEGAMOE_PARAMS_LAYOUT(ep::GatherParams, 32, 8);
 MEGAMOE_PARAMS_LAYOUT(ep::ErrorRecord, 32, 8);

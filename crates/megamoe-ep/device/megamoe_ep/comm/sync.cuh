@@ -95,6 +95,12 @@ __device__ __forceinline__ bool wait_all(const Signals& s, int kind, u64 epoch, 
     return *s_ok != 0;
 }
 
+// A peer that is slow but alive (the probe kernels' kFaultSlowPeer): every thread idles for `ns`.
+__device__ __forceinline__ void sleep_for(u64 ns) {
+    const auto until = megamoe::comm::Deadline::after(ns);
+    while (!until.expired()) __nanosleep(1000);
+}
+
 __device__ __forceinline__ u64 read_epoch(const Signals& s, int family, u64* s_epoch) {
     if (threadIdx.x == 0) *s_epoch = reinterpret_cast<volatile u64*>(peer(s, s.rank) + s.off_epochs)[family] + 1;
     __syncthreads();

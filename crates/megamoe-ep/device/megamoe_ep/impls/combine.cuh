@@ -92,12 +92,16 @@ __device__ void combine_tokens(const CombineParams& p) {
     }
 }
 
-__device__ void combine_kernel(const CombineParams& p) {
+// kProbe: as dispatch_kernel's.
+template <bool kProbe>
+__device__ __forceinline__ void combine_kernel(const CombineParams& p, const FaultSpec& f) {
     __shared__ CombineShared s;
     const comm::Signals sig = comm::signals(p.l);
+    const u32 fault = kProbe && u32(p.l.rank) == f.rank ? f.fault : u32(kFaultNone);
+    if (fault == kFaultNeverArrives) return;
     const u64 epoch = comm::read_epoch(sig, kCombineFamily, &s.epoch);
     comm::raise_on_all(sig, kCombineReady);
-    if (!comm::wait_all(sig, kCombineReady, epoch, &s.ok)) return;
+    if (fault == kFaultStopMidCombine || !comm::wait_all(sig, kCombineReady, epoch, &s.ok)) return;
     combine_tokens(p);
     comm::arrive_all(sig, kCombineDone);
     if (!comm::wait_all(sig, kCombineDone, epoch, &s.ok)) return;

@@ -31,6 +31,8 @@ enum DispatchMode : int {
 
 constexpr int kRowUnroll = kChunkBytes / (32 * 16);  // 16-byte vectors per lane per row chunk
 
+constexpr int kNoBadCount = 0x7fffffff;
+
 struct DispatchShared {
     int send_base[kMaxExperts];  // seg_base[e] + rows of lower source ranks, for this rank's tokens
     int recv_base[kMaxExperts];  // [R][E_l]: first row of source s's run in local expert j
@@ -42,6 +44,7 @@ struct DispatchShared {
     int tokens[kMaxRanks];       // T of every source rank
     int ok;
     int skip;
+    int bad_count;  // the first entry of the count matrix no routing gives, else kNoBadCount
     u64 epoch;
 };
 
@@ -206,6 +209,7 @@ __device__ void dispatch_layout(const DispatchParams& p, DispatchShared& s, u64 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int row = E + 1;  // E counts, then T
     int* counts = reinterpret_cast<int*>(dispatch_smem);
+    if (threadIdx.x == 0) s.bad_count = kNoBadCount;
     for_each_loaded(
         threadIdx.x, R * row, blockDim.x,
         [&](int i) {
@@ -215,6 +219,13 @@ __device__ void dispatch_layout(const DispatchParams& p, DispatchShared& s, u64 
         [&](int i, int c) { counts[i] = c; });
     __syncthreads();
     if (threadIdx.x < R) s.tokens[threadIdx.x] = counts[threadIdx.x * row + E];
+    // A count above its source's T (a token names an expert at most once) or a T above the
+    // capacity is corrupt: the rows would run past their segments. Every rank reads the same
+    // matrix, so every rank rejects the call.
+    for (int i = threadIdx.x; i < R * row; i += blockDim.x) {
+        const int src = i / row, c = counts[i];
+        if (c < 0 || c > (i - src * row < E ? counts[src * row + E] : l.max_tokens)) atomicMin(&s.bad_count, i);
+    }
     if (warp < R) {
         const int d = warp;
         int carry = 0;
@@ -258,6 +269,13 @@ __device__ void dispatch_layout(const DispatchParams& p, DispatchShared& s, u64 
         if (bad && blockIdx.x == 0 && lane == __ffs(bad) - 1) comm::record_error(comm::signals(l), kBadTopk, 0xffffffffu - u32(st), lane, 0, 0);
         if (lane == 0) {
             s.skip = bad != 0;
+            if (!s.skip && s.bad_count != kNoBadCount) {
+                s.skip = 1;
+                const int src = s.bad_count / row, j = s.bad_count - src * row;
+                if (blockIdx.x == 0)
+                    comm::record_error(comm::signals(l), kBadCount, j, src, u32(counts[s.bad_count]),
+                                       j < E ? counts[src * row + E] : l.max_tokens);
+            }
             const int rows = El ? s.seg_base[El - 1] + s.padded[El - 1] : 0;
             if (!s.skip && rows > p.row_bound) {
                 s.skip = 1;
@@ -292,6 +310,22 @@ __device__ __forceinline__ void record_handle(const DispatchParams& p, DispatchS
             handle_i32(l, l.h_idx)[i] = m.x;
             handle_i32(l, l.h_send_row)[i] = m.x < 0 ? -1 : s.send_base[m.x] + m.y;
         });
+}
+
+// A call that moves no rows (rejected, or a wait expired before the layout) leaves a handle of
+// no rows and no tokens, so that the kernels queued after it on this rank's stream (the layer's
+// GEMMs, combine) read nothing a previous call left.
+__device__ __forceinline__ void record_empty_handle(const DispatchParams& p) {
+    const Layout& l = p.l;
+    if (blockIdx.x != 0) return;
+    const int El = l.experts / l.ranks;
+    for (int j = threadIdx.x; j < El; j += blockDim.x) {
+        handle_i32(l, l.h_padded)[j] = 0;
+        handle_i32(l, l.h_counts)[j] = 0;
+        handle_i32(l, l.h_seg_base)[j] = 0;
+    }
+    if (threadIdx.x < l.ranks) handle_i32(l, l.h_src_tokens)[threadIdx.x] = 0;
+    if (threadIdx.x == 0) *handle_i32(l, l.h_total_rows) = 0;
 }
 
 // Step 4, padding: rows past each local expert's tokens are zero, with prob 0 and scales 0.
@@ -440,18 +474,39 @@ __device__ void pull_rows(const DispatchParams& p, const DispatchShared& s) {
     }
 }
 
-__device__ void dispatch_kernel(const DispatchParams& p) {
+// kProbe: the probe instantiation, which injects f.fault when this rank is f.rank (a rank that
+// stops leaves an empty handle, so that its own later kernels of the call read no rows); the
+// default kernel passes kProbe = false and has none of it.
+template <bool kProbe>
+__device__ __forceinline__ void dispatch_kernel(const DispatchParams& p, const FaultSpec& f) {
     __shared__ DispatchShared s;
     const Layout& l = p.l;
     const comm::Signals sig = comm::signals(l);
     const bool fresh = p.mode != kCached;  // routing comes with the call, not from a handle
+    const u32 fault = kProbe && u32(l.rank) == f.rank ? f.fault : u32(kFaultNone);
+    if (fault == kFaultNeverArrives) {
+        if (fresh) record_empty_handle(p);
+        return;
+    }
     const u64 epoch = comm::read_epoch(sig, kDispatchFamily, &s.epoch);
     if (fresh) dispatch_meta(p, epoch);
+    if (fault == kFaultCorruptCount && blockIdx.x == gridDim.x - 1) {
+        __syncthreads();  // this block pushed the counts (dispatch_meta)
+        if (threadIdx.x < l.ranks) count_row_on(l, threadIdx.x)[0] = p.tokens + 1;
+    }
+    if (fault == kFaultSlowPeer) comm::sleep_for(f.sleep_ns);
     comm::raise_on_all(sig, kDispatchReady);
-    if (!comm::wait_all(sig, kDispatchReady, epoch, &s.ok)) return;
+    if (fault == kFaultStopMidDispatch || !comm::wait_all(sig, kDispatchReady, epoch, &s.ok)) {
+        if (fresh) record_empty_handle(p);
+        return;
+    }
     if (fresh) {
         dispatch_layout(p, s, epoch);
-        if (!s.skip) record_handle(p, s);
+        if (s.skip) {
+            record_empty_handle(p);
+        } else {
+            record_handle(p, s);
+        }
     } else {
         const int El = l.experts / l.ranks;
         for (int j = threadIdx.x; j < El; j += blockDim.x) {

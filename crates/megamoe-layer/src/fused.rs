@@ -35,8 +35,9 @@ use crate::error::{LayerError, Result};
 use crate::inputs::append_staged;
 use crate::kernel::{
     fused_smem_bytes, fused_spec, l1_config, FusedParams, FusedProbeParams, FusedRegions,
-    SwigluQuant, FUSED_BAD_BOUND, FUSED_NO_FAULT, FUSED_RING_OVERFLOW, FUSED_STOP_AFTER_ROUTING,
-    FUSED_STOP_MID_TASKS, FUSED_THREADS,
+    SwigluQuant, FUSED_BAD_BOUND, FUSED_CORRUPT_COUNT, FUSED_NO_FAULT, FUSED_RING_OVERFLOW,
+    FUSED_SLOW_PEER, FUSED_STOP_AFTER_ROUTING, FUSED_STOP_MID_COMBINE, FUSED_STOP_MID_TASKS,
+    FUSED_THREADS,
 };
 use crate::spec::{LayerSpec, POOL_PAD};
 use crate::split::{check_call, comm_sms, Activations, RankInput};
@@ -64,6 +65,9 @@ const SIGNAL_WAITS: WaitNames = WaitNames {
         "every rank's L2 rows written back",
     ],
 };
+
+/// Every wait the fused kernel may record: its own, its signals', the GEMM mainloop's.
+const ALL_WAITS: [&WaitNames; 3] = [&WAITS, &SIGNAL_WAITS, &megamoe_gemm::grouped::WAITS];
 
 /// A call whose inputs are on the device: what [`FusedLayer::launch`] runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -168,6 +172,7 @@ pub struct FusedLayer {
 struct Probe {
     fault_rank: u32,
     fault: u32,
+    sleep_ns: u64,
 }
 
 /// A fault the selftest injects on one rank (device: `FusedFault`).
@@ -177,6 +182,12 @@ pub(crate) enum Fault {
     StopAfterRouting,
     /// The rank stops after half of its tasks.
     StopMidTasks,
+    /// The rank runs every task (its L2 rows are written), then stops before signalling them.
+    StopMidCombine,
+    /// The rank publishes T = t_cap + 1, a count no call has.
+    CorruptCount,
+    /// The rank sleeps this long before publishing its routing, then goes on.
+    SlowPeer(std::time::Duration),
 }
 
 fn region(layout: &SymmetricLayout, name: &str) -> u64 {
@@ -235,12 +246,17 @@ impl FusedLayer {
             ..FusedOptions::default()
         };
         let mut layer = FusedLayer::build(spec, weights, options, spec.fused_layout()?, true)?;
+        let (fault, sleep_ns) = match fault {
+            Fault::StopAfterRouting => (FUSED_STOP_AFTER_ROUTING, 0),
+            Fault::StopMidTasks => (FUSED_STOP_MID_TASKS, 0),
+            Fault::StopMidCombine => (FUSED_STOP_MID_COMBINE, 0),
+            Fault::CorruptCount => (FUSED_CORRUPT_COUNT, 0),
+            Fault::SlowPeer(d) => (FUSED_SLOW_PEER, deadline_ns(d)),
+        };
         layer.probe = Some(Probe {
             fault_rank: rank as u32,
-            fault: match fault {
-                Fault::StopAfterRouting => FUSED_STOP_AFTER_ROUTING,
-                Fault::StopMidTasks => FUSED_STOP_MID_TASKS,
-            },
+            fault,
+            sleep_ns,
         });
         Ok(layer)
     }
@@ -449,6 +465,7 @@ impl FusedLayer {
             probe: probe.then_some(Probe {
                 fault_rank: 0,
                 fault: FUSED_NO_FAULT,
+                sleep_ns: 0,
             }),
         })
     }
@@ -601,6 +618,7 @@ impl FusedLayer {
                         trace: rank.trace.as_ref().map_or(0, |t| t.ptr()),
                         fault_rank: probe.fault_rank,
                         fault: probe.fault,
+                        sleep_ns: probe.sleep_ns,
                     };
                     rank.gpu.launch(&rank.kernel, &self.launch, &probed)?
                 }
@@ -616,9 +634,8 @@ impl FusedLayer {
         for rank in &self.ranks {
             rank.gpu.synchronize()?;
         }
-        let waits: [&WaitNames; 3] = [&WAITS, &SIGNAL_WAITS, &megamoe_gemm::grouped::WAITS];
         for rank in self.world.ranks() {
-            if let Err(e) = rank.check_waits(&waits) {
+            if let Err(e) = rank.check_waits(&ALL_WAITS) {
                 self.broken = true;
                 return Err(e.into());
             }
@@ -647,6 +664,19 @@ impl FusedLayer {
                 ),
             }),
         }
+    }
+
+    /// Every rank's expired wait, if any (after a failed [`Self::finish`]).
+    pub(crate) fn expired_waits(&self) -> Result<Vec<Option<megamoe_cuda::Error>>> {
+        let mut out = Vec::new();
+        for rank in self.world.ranks() {
+            out.push(match rank.check_waits(&ALL_WAITS) {
+                Ok(()) => None,
+                Err(e @ megamoe_cuda::Error::WaitTimeout { .. }) => Some(e),
+                Err(e) => return Err(e.into()),
+            });
+        }
+        Ok(out)
     }
 
     /// The GPU handle of rank `rank` (its stream, its timers).

@@ -138,8 +138,10 @@ pub struct FusedProbeParams {
     pub trace: u64,
     /// The rank that takes `fault`.
     pub fault_rank: u32,
-    /// [`FUSED_NO_FAULT`], [`FUSED_STOP_AFTER_ROUTING`] or [`FUSED_STOP_MID_TASKS`].
+    /// One of the `FUSED_*` faults below.
     pub fault: u32,
+    /// How long [`FUSED_SLOW_PEER`] sleeps.
+    pub sleep_ns: u64,
 }
 
 /// The faults of the probe instantiation (device: `FusedFault`).
@@ -148,6 +150,12 @@ pub const FUSED_NO_FAULT: u32 = 0;
 pub const FUSED_STOP_AFTER_ROUTING: u32 = 1;
 /// The rank stops after half of its tasks.
 pub const FUSED_STOP_MID_TASKS: u32 = 2;
+/// The rank runs every task, then stops before signalling its L2 rows.
+pub const FUSED_STOP_MID_COMBINE: u32 = 3;
+/// The rank publishes T = t_cap + 1.
+pub const FUSED_CORRUPT_COUNT: u32 = 4;
+/// The rank sleeps `sleep_ns` before publishing its routing, then goes on.
+pub const FUSED_SLOW_PEER: u32 = 5;
 
 const _: () = assert!(std::mem::size_of::<FusedRegions>() == 32 * 8 + 16 * 4);
 const _: () = assert!(std::mem::offset_of!(FusedRegions, y) == 8 * (8 + 20));
@@ -156,7 +164,8 @@ const _: () = assert!(std::mem::offset_of!(FusedRegions, max_segments) == 316);
 const _: () = assert!(std::mem::size_of::<FusedParams>() == 448 * 2 + 64 + 320);
 const _: () = assert!(std::mem::offset_of!(FusedProbeParams, trace) == 1280);
 const _: () = assert!(std::mem::offset_of!(FusedProbeParams, fault) == 1292);
-// 1280 + 16, rounded up to the struct's 64-byte alignment.
+const _: () = assert!(std::mem::offset_of!(FusedProbeParams, sleep_ns) == 1296);
+// 1280 + 24, rounded up to the struct's 64-byte alignment.
 const _: () = assert!(std::mem::size_of::<FusedProbeParams>() == 1344);
 const _: () = assert!(std::mem::offset_of!(FusedParams, swiglu) == 896);
 const _: () = assert!(std::mem::offset_of!(FusedParams, r) == 960);

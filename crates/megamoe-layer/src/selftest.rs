@@ -5,22 +5,25 @@
 //! nothing written, non-finite input kept to its token. The fused kind besides: its bits equal
 //! to the split kind's on every batch, four calls on one buffer whose ring wraps with skewed
 //! routing in between, bounds that differ between ranks or fall below a rank's T rejected on
-//! every rank, a rank that never launches or stops mid-call (after its routing, after half of
-//! its tasks) reported by the others within the deadline (and a new layer correct afterwards),
-//! and a captured graph replayed on new inputs.
+//! every rank, a captured graph replayed on new inputs. The fault checks of both kinds (a rank
+//! that never arrives, stops mid-dispatch, mid-GEMM or mid-combine, publishes a corrupt count,
+//! or sleeps past the deadline and goes on): every other rank reports it within the deadline,
+//! naming itself, the wait and the faulty rank (or every rank rejects the call), and a new layer
+//! in the same process is correct.
 
 use half::bf16;
 use megamoe_core::preset::Shape;
 use megamoe_core::routing::{generate_world, RoutingKind, RoutingSpec};
 use megamoe_core::{diff, fused_layer, LayerOptions, Preset, WeightGen, WorldInputs};
 
-use megamoe_cuda::selftest::Check;
+use megamoe_cuda::selftest::{every_other_rank_names, Check};
+use megamoe_ep::{FaultKind, InjectedFault};
 
 use crate::fused::{Fault, FusedLayer};
 use crate::inputs::{bf16_inputs, fp8_inputs, quantize_inputs, spec_for};
 use crate::layer::MoeLayer;
 use crate::spec::{Kind, LayerSpec};
-use crate::split::{Activations, RankInput};
+use crate::split::{Activations, RankInput, SplitLayer};
 
 /// The contract's bound on the GPU output's distance to the CPU reference (SPEC §3).
 pub const MAX_DIFF: f64 = 1e-4;
@@ -488,13 +491,13 @@ fn bound_mismatch() -> Check {
 /// layer refuses further calls, and a new layer runs correctly.
 fn missing_rank() -> Check {
     Check {
-        name: "layer fused tiny R=2 a rank that never arrives".into(),
+        name: "layer fused tiny R=2 fault: a rank that never arrives".into(),
         run: Box::new(|| {
             let shape = shape("tiny", None);
             let world = generate_world(shape, 2, 32, &routing("uniform", 23)).map_err(err)?;
             let gen = WeightGen::new(shape, 23);
             let spec = LayerSpec::new(shape, 2, 32);
-            let deadline = std::time::Duration::from_millis(200);
+            let deadline = FAULT_DEADLINE;
             let mut layer =
                 FusedLayer::with_deadline(spec, |r| gen.rank_fp8(r, 2), deadline).map_err(err)?;
             let inputs = bf16_inputs(&world);
@@ -518,8 +521,9 @@ fn missing_rank() -> Check {
     }
 }
 
-/// The end of a fault check: the error `e` came within the deadline (ten times it, for the
-/// host's share), and a new layer of `spec` in the same process gives the split layer's bits.
+/// The end of a fault check: the error `e` came within ten deadlines (the waits of the call's
+/// kernels one after another, and the host's share), and a new layer of `spec` (its kind) in the
+/// same process is within the contract's bound of the CPU reference.
 fn reported_then_recovered(
     world: &WorldInputs,
     gen: &WeightGen,
@@ -532,51 +536,118 @@ fn reported_then_recovered(
         return Err(format!("reported after {took:?}, deadline {deadline:?}"));
     }
     let ranks = world.num_ranks();
-    let mut fresh = FusedLayer::new(spec, |r| gen.rank_fp8(r, ranks)).map_err(err)?;
+    let mut fresh = MoeLayer::new(spec, |r| gen.rank_fp8(r, ranks)).map_err(err)?;
     let got = fresh.forward(&bf16_inputs(world), None).map_err(err)?;
-    let want = run_layer(
-        Kind::Split,
-        world,
-        gen,
-        &LayerOptions::for_shape(&world.shape),
-    )?;
-    if got != want {
-        return Err("the new layer's output differs from split".into());
+    let options = LayerOptions::for_shape(&world.shape);
+    let want = fused_layer(world, gen, &options, &|_, _| {}).map_err(err)?;
+    let d = diff::diff_bf16(&got, &want);
+    if d.is_nan() || d > MAX_DIFF {
+        return Err(format!(
+            "the new layer: diff {d:.3e} against the CPU reference"
+        ));
     }
     Ok(format!(
-        "reported in {:.0} ms: {e}; a new layer is correct",
+        "reported in {:.0} ms: {e}; a new layer is correct (diff {d:.2e})",
         took.as_secs_f64() * 1e3
     ))
 }
 
-/// A rank that stops mid-call (after publishing its routing, or after half of its tasks): every
-/// other rank reports it (its rank, the wait, the stopped peer) within the deadline, and a new
-/// layer in the same process is correct.
-fn rank_stops_mid_call(fault: Fault) -> Check {
+/// The budget of every wait in the fault checks.
+const FAULT_DEADLINE: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// The verdict on a call that `faulty`'s fault made fail with `e`: for a corrupt count, every
+/// rank rejected it naming `faulty`; else every other rank reported a wait of its own that names
+/// `faulty`.
+fn fault_verdict(
+    e: String,
+    faulty: usize,
+    ranks: usize,
+    corrupt_count: bool,
+    waits: impl FnOnce() -> Result<Vec<Option<megamoe_cuda::Error>>, String>,
+) -> Result<String, String> {
+    if corrupt_count {
+        if !e.contains(&format!("rank {faulty} published"))
+            || !e.contains(&format!("{ranks} of {ranks} ranks"))
+        {
+            return Err(format!(
+                "the error does not name rank {faulty} on every rank: {e}"
+            ));
+        }
+        return Ok(e);
+    }
+    every_other_rank_names(&waits()?, faulty)
+}
+
+/// A fault of the fused kernel's probe instantiation on rank 2 of four (a rank that stops after
+/// publishing its routing, after half of its tasks, or before signalling its L2 rows; a corrupt
+/// published T; a peer that sleeps past the deadline, then goes on): every other rank reports it
+/// within the deadline (its rank, the wait, rank 2), or every rank rejects the call naming rank
+/// 2; and a new layer in the same process is correct.
+fn fused_fault(fault: Fault) -> Check {
     Check {
-        name: format!("layer fused tiny R=4 a rank that stops ({fault:?})"),
+        name: format!("layer fused tiny R=4 fault on rank 2: {fault:?}"),
         run: Box::new(move || {
             let shape = shape("tiny", None);
-            let ranks = 4;
-            let stopped = 2;
+            let (ranks, faulty) = (4, 2);
             let world = generate_world(shape, ranks, 48, &routing("uniform", 41)).map_err(err)?;
             let gen = WeightGen::new(shape, 41);
             let spec = LayerSpec::new(shape, ranks, 48);
-            let deadline = std::time::Duration::from_millis(200);
-            let mut layer =
-                FusedLayer::with_fault(spec, |r| gen.rank_fp8(r, ranks), deadline, stopped, fault)
-                    .map_err(err)?;
-            let inputs = bf16_inputs(&world);
+            let mut layer = FusedLayer::with_fault(
+                spec,
+                |r| gen.rank_fp8(r, ranks),
+                FAULT_DEADLINE,
+                faulty,
+                fault,
+            )
+            .map_err(err)?;
             let start = std::time::Instant::now();
-            let e = match layer.forward(&inputs, None) {
-                Ok(_) => return Err(format!("the call succeeded with rank {stopped} stopped")),
+            let e = match layer.forward(&bf16_inputs(&world), None) {
+                Ok(_) => return Err(format!("the call succeeded with rank {faulty} faulty")),
                 Err(e) => e.to_string(),
             };
-            if !e.contains(&format!("waiting for rank {stopped}")) {
-                return Err(format!("the error does not name rank {stopped}: {e}"));
-            }
+            let took = start.elapsed();
+            let verdict = fault_verdict(e, faulty, ranks, fault == Fault::CorruptCount, || {
+                layer.expired_waits().map_err(err)
+            })?;
             drop(layer);
-            reported_then_recovered(&world, &gen, spec, e, start.elapsed(), deadline)
+            reported_then_recovered(&world, &gen, spec, verdict, took, FAULT_DEADLINE)
+        }),
+    }
+}
+
+/// A fault of dispatch's and combine's probe instantiations on rank 2 of four inside the split
+/// layer: as [`fused_fault`].
+fn split_fault(fault: FaultKind) -> Check {
+    Check {
+        name: format!("layer split tiny R=4 fault on rank 2: {fault:?}"),
+        run: Box::new(move || {
+            let shape = shape("tiny", None);
+            let (ranks, faulty) = (4, 2);
+            let world = generate_world(shape, ranks, 48, &routing("uniform", 43)).map_err(err)?;
+            let gen = WeightGen::new(shape, 43);
+            let spec = LayerSpec {
+                kind: Kind::Split,
+                ..LayerSpec::new(shape, ranks, 48)
+            };
+            let injected = InjectedFault {
+                rank: faulty,
+                kind: fault,
+            };
+            let mut layer =
+                SplitLayer::with_fault(spec, |r| gen.rank_fp8(r, ranks), FAULT_DEADLINE, injected)
+                    .map_err(err)?;
+            let start = std::time::Instant::now();
+            let e = match layer.forward(&bf16_inputs(&world), None) {
+                Ok(_) => return Err(format!("the call succeeded with rank {faulty} faulty")),
+                Err(e) => e.to_string(),
+            };
+            let took = start.elapsed();
+            let verdict =
+                fault_verdict(e, faulty, ranks, fault == FaultKind::CorruptCount, || {
+                    layer.expired_waits().map_err(err)
+                })?;
+            drop(layer);
+            reported_then_recovered(&world, &gen, spec, verdict, took, FAULT_DEADLINE)
         }),
     }
 }
@@ -657,8 +728,18 @@ pub fn gpu_checks() -> Vec<Check> {
     checks.push(ring_wraps(2, 4096));
     checks.push(bound_mismatch());
     checks.push(missing_rank());
-    checks.push(rank_stops_mid_call(Fault::StopAfterRouting));
-    checks.push(rank_stops_mid_call(Fault::StopMidTasks));
+    for fault in [
+        Fault::StopAfterRouting,
+        Fault::StopMidTasks,
+        Fault::StopMidCombine,
+        Fault::CorruptCount,
+        Fault::SlowPeer(2 * FAULT_DEADLINE),
+    ] {
+        checks.push(fused_fault(fault));
+    }
+    for fault in megamoe_ep::selftest::fault_kinds(FAULT_DEADLINE) {
+        checks.push(split_fault(fault));
+    }
     checks.push(graph_replay());
     checks
 }

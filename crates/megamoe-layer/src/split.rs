@@ -22,7 +22,9 @@ use megamoe_core::routing::{check_slot_weights, check_topk_idx};
 use megamoe_core::weights::RankWeightsFp8;
 use megamoe_core::Error;
 use megamoe_cuda::{jit, DeviceBuffer, Gpu, Kernel, Quantizer, WaitRecord};
-use megamoe_ep::{CombineOrder, EpConfig, EpWorld, Handle, IoRegion, RowDtype, SyncMode};
+use megamoe_ep::{
+    CombineOrder, EpConfig, EpWorld, Handle, InjectedFault, IoRegion, RowDtype, SyncMode,
+};
 use megamoe_gemm::grouped::{check_wait_record, gemm_params, launch_config};
 use megamoe_gemm::heuristics::{choose, GemmConfig, GemmProblem, Layout, OutDtype};
 use megamoe_gemm::{GemmPointers, GroupedGemm};
@@ -127,6 +129,25 @@ impl SplitLayer {
         spec: LayerSpec,
         weights: impl Fn(usize) -> megamoe_core::Result<RankWeightsFp8>,
     ) -> Result<SplitLayer> {
+        SplitLayer::build(spec, weights, None)
+    }
+
+    /// The layer whose dispatch and combine inject `fault`, every wait bounded by `deadline`
+    /// (the selftest's fault checks).
+    pub(crate) fn with_fault(
+        spec: LayerSpec,
+        weights: impl Fn(usize) -> megamoe_core::Result<RankWeightsFp8>,
+        deadline: std::time::Duration,
+        fault: InjectedFault,
+    ) -> Result<SplitLayer> {
+        SplitLayer::build(spec, weights, Some((deadline, fault)))
+    }
+
+    fn build(
+        spec: LayerSpec,
+        weights: impl Fn(usize) -> megamoe_core::Result<RankWeightsFp8>,
+        fault: Option<(std::time::Duration, InjectedFault)>,
+    ) -> Result<SplitLayer> {
         spec.validate()?;
         let (h, i) = (spec.shape.hidden, spec.shape.inter);
         let el = spec.shape.local_experts(spec.ranks);
@@ -136,6 +157,10 @@ impl SplitLayer {
         let gpus = megamoe_cuda::device_count()?.max(1);
         let sms = Gpu::new(0)?.props().sm_count as usize;
         ep_config.num_sms = comm_sms(spec.comm_sms, spec.ranks, gpus, sms);
+        if let Some((deadline, fault)) = fault {
+            ep_config.deadline = deadline;
+            ep_config.fault = Some(fault);
+        }
         let ep = EpWorld::new(ep_config)?;
         let handle = ep.new_handle()?;
         let l1_config = l1_config(sms);
@@ -346,6 +371,11 @@ impl SplitLayer {
             }
         }
         Ok(())
+    }
+
+    /// Every rank's expired wait, if any (after a failed [`Self::finish`]).
+    pub(crate) fn expired_waits(&self) -> Result<Vec<Option<megamoe_cuda::Error>>> {
+        Ok(self.ep.expired_waits()?)
     }
 
     /// The GPU handle of rank `rank` (its stream, its timers).

@@ -296,7 +296,11 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, const FusedProbe
 
     // 1. Routing.
     const u64 epoch = ep::comm::read_epoch(sig, kFusedFamily, &s_epoch);
+    if (my_fault == kSlowPeer) ep::comm::sleep_for(probe.sleep_ns);
     publish_routing(r);
+    // The thread that published T overwrites it.
+    if (my_fault == kCorruptCount && blockIdx.x == 0 && threadIdx.x == 0)
+        reinterpret_cast<u32*>(local_buf(r) + r.off_counts)[r.experts] = u32(r.t_cap) + 1;
     ep::comm::raise_on_all(sig, kRoutingReady);
     if (my_fault == kStopAfterRouting) return;
     if (!ep::comm::wait_all(sig, kRoutingReady, epoch, &s_ok)) return;
@@ -347,7 +351,7 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, const FusedProbe
         ptx::setmaxnreg_inc<kConsumerRegs>();
         consume<kStages, kProbe>(p, probe, s1, s2, warp / 4, h.n_tasks, s_slices_done);
     }
-    if (my_fault == kStopMidTasks) return;
+    if (my_fault == kStopMidTasks || my_fault == kStopMidCombine) return;
     if (tracer) cta_trace(probe.trace)->tasks_done = ptx::globaltimer_ns();
 
     // 4. Combine.

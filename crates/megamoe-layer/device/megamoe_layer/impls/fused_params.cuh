@@ -51,14 +51,18 @@ enum FusedFault : u32 {
     kNoFault = 0,
     kStopAfterRouting = 1,  // publish the routing, then stop: the others pull from it and wait
     kStopMidTasks = 2,      // stop after half of the rank's tasks: its L2 rows never all arrive
+    kStopMidCombine = 3,    // run every task (its L2 rows are written), stop before signalling them
+    kCorruptCount = 4,      // publish T = t_cap + 1, a count no call has
+    kSlowPeer = 5,          // sleep sleep_ns before publishing the routing, then go on
 };
 
 // What the probe instantiation is told beyond the call: its timeline (impls/fused_trace.cuh)
-// or 0, and a fault for rank fault_rank.
+// or 0, and a fault for rank fault_rank (kSlowPeer sleeps sleep_ns).
 struct FusedProbe {
     u64 trace;
     u32 fault_rank;
     u32 fault;
+    u64 sleep_ns;
 };
 
 struct FusedProbeParams {
@@ -68,7 +72,7 @@ struct FusedProbeParams {
 
 MEGAMOE_PARAMS_LAYOUT(FusedRegions, 32 * 8 + 16 * 4, 8);
 MEGAMOE_PARAMS_LAYOUT(FusedParams, 448 * 2 + 64 + 320, 64);
-MEGAMOE_PARAMS_LAYOUT(FusedProbeParams, 1344, 64);  // 1280 + 16, rounded up to the alignment
+MEGAMOE_PARAMS_LAYOUT(FusedProbeParams, 1344, 64);  // 1280 + 24, rounded up to the alignment
 
 // Error codes of the buffer's error record (megamoe-core's layout; ep::ErrorRecord's shape).
 enum FusedError : u32 { kBadBound = 4, kRingOverflow = 5 };

@@ -139,6 +139,11 @@ impl Gpu {
         &self.props
     }
 
+    /// Free device memory in bytes, now (`cuMemGetInfo`): what a soak watches for leaks.
+    pub fn free_memory(&self) -> Result<usize> {
+        Ok(self.ctx.mem_get_info()?.0)
+    }
+
     /// The raw stream, for interop.
     pub fn cu_stream(&self) -> sys::CUstream {
         self.stream.cu_stream()

@@ -28,6 +28,9 @@ enum Command {
     Plan(cmd::plan::PlanArgs),
     /// Run every GPU check the binary holds and print pass/fail per check.
     Selftest(cmd::selftest::Args),
+    /// Thousands of forward calls of both layer kinds on random shapes, routings and bounds,
+    /// every output checked, device and host memory watched.
+    Soak(cmd::soak::Args),
     /// List GPUs, peer access, library versions and the JIT cache.
     Info(cmd::info::Args),
     /// Benchmarks next to their floors.
@@ -55,6 +58,7 @@ fn main() -> ExitCode {
         Command::Run(args) => cmd::run::run(args),
         Command::Plan(args) => cmd::plan::run(args),
         Command::Selftest(args) => cmd::selftest::run(args),
+        Command::Soak(args) => cmd::soak::run(args),
         Command::Info(args) => cmd::info::run(args),
         Command::Bench(Bench::Gemm(args)) => cmd::bench_gemm::run(args),
         Command::Bench(Bench::Nvlink(args)) => cmd::bench_nvlink::run(args),

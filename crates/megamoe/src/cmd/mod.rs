@@ -9,3 +9,4 @@ pub mod info;
 pub mod plan;
 pub mod run;
 pub mod selftest;
+pub mod soak;

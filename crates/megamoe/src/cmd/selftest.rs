@@ -8,9 +8,9 @@ use std::time::Instant;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Run only the checks whose name contains this text.
-    #[arg(long)]
-    pub only: Option<String>,
+    /// Run only the checks whose name contains one of these texts (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
 }
 
 pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
@@ -25,7 +25,8 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     checks.extend(megamoe_gemm::checks::gpu_checks(&Rc::new(Gpu::new(0)?)));
     checks.extend(megamoe_ep::selftest::gpu_checks());
     checks.extend(megamoe_layer::selftest::gpu_checks());
-    checks.retain(|c| args.only.as_deref().is_none_or(|o| c.name.contains(o)));
+    checks
+        .retain(|c| args.only.is_empty() || args.only.iter().any(|o| c.name.contains(o.as_str())));
     if checks.is_empty() {
         return Err("no check matches `--only`".into());
     }

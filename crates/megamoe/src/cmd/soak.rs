@@ -1,0 +1,431 @@
+//! `megamoe soak`: forward calls of both layer kinds, one after the other, on random shapes,
+//! token counts (T = 0 ranks included), routings (uniform, Zipf, masked up to every slot) and
+//! bounds, every output checked: the fused layer's bits against the split layer's on every call,
+//! both against the CPU reference on every n-th round, every all-masked token exactly 0. Device
+//! memory (cuMemGetInfo) and host RSS are sampled once every layer has run and again at the end:
+//! neither may grow.
+
+use std::time::{Duration, Instant};
+
+use half::bf16;
+use megamoe_core::preset::Shape;
+use megamoe_core::rng::SplitMix64;
+use megamoe_core::routing::{generate_world, RoutingKind, RoutingSpec};
+use megamoe_core::{diff, fused_layer, LayerOptions, Preset, WeightGen, WorldInputs};
+use megamoe_cuda::Gpu;
+use megamoe_layer::inputs::bf16_inputs;
+use megamoe_layer::selftest::MAX_DIFF;
+use megamoe_layer::{Kind, LayerSpec, MoeLayer};
+
+use crate::progress::Progress;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Stop after this many forward calls (both kinds counted).
+    #[arg(long, default_value_t = 2000)]
+    pub calls: usize,
+    /// Stop after this many seconds, whichever comes first.
+    #[arg(long, default_value_t = 300)]
+    pub seconds: u64,
+    /// Check both kinds against the CPU reference every n-th round (1: every round).
+    #[arg(long, default_value_t = 4)]
+    pub reference_every: usize,
+    /// Seed of the weights and of every random choice.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+/// Growth of device or host memory over the soak above which it fails (allocator noise below).
+const MAX_GROWTH_BYTES: i64 = 32 << 20;
+
+/// One layer configuration of the soak: both kinds built on the same weights.
+struct Setup {
+    name: String,
+    spec: LayerSpec,
+    gen: WeightGen,
+    split: MoeLayer,
+    fused: MoeLayer,
+}
+
+impl Setup {
+    fn new(
+        name: &str,
+        shape: Shape,
+        ranks: usize,
+        max_tokens: usize,
+        seed: u64,
+    ) -> Result<Setup, String> {
+        let spec = LayerSpec::new(shape, ranks, max_tokens);
+        let gen = WeightGen::new(shape, seed);
+        let (split, fused) = Setup::layers(spec, &gen)?;
+        Ok(Setup {
+            name: format!("{name} R={ranks} T_max={max_tokens}"),
+            spec,
+            gen,
+            split,
+            fused,
+        })
+    }
+
+    fn layers(spec: LayerSpec, gen: &WeightGen) -> Result<(MoeLayer, MoeLayer), String> {
+        let ranks = spec.ranks;
+        let build = |kind| {
+            MoeLayer::new(LayerSpec { kind, ..spec }, |r| gen.rank_fp8(r, ranks))
+                .map_err(|e| format!("building the {} layer: {e}", kind.name()))
+        };
+        Ok((build(Kind::Split)?, build(Kind::Fused)?))
+    }
+}
+
+/// The soak's configurations (name, shape, R, T_max): tiny-like and small flash-like shapes,
+/// R = 1 … 8.
+fn configurations() -> Vec<(&'static str, Shape, usize, usize)> {
+    let tiny = Preset::by_name("tiny").expect("the tiny preset").shape;
+    let flash_like = Shape {
+        hidden: 1024,
+        inter: 512,
+        experts: 32,
+        topk: 6,
+    };
+    vec![
+        ("tiny", tiny, 1, 96),
+        ("tiny", tiny, 2, 64),
+        ("tiny", tiny, 4, 48),
+        ("tiny", tiny, 8, 32),
+        ("flash-like H=1024 I=512 E=32", flash_like, 2, 128),
+        ("flash-like H=1024 I=512 E=32", flash_like, 4, 64),
+    ]
+}
+
+fn setups(seed: u64) -> Result<Vec<Setup>, String> {
+    configurations()
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, shape, ranks, t))| Setup::new(name, shape, ranks, t, seed ^ i as u64))
+        .collect()
+}
+
+/// One round's random batch for `spec`: per rank T in 0..=T_max (a quarter of the ranks with
+/// T = 0 on average), the routing, and the bound (None, or between the largest T and T_max).
+fn batch(
+    spec: &LayerSpec,
+    rng: &mut SplitMix64,
+) -> Result<(WorldInputs, Option<usize>, String), String> {
+    let t_max = spec.max_tokens;
+    let mut routing = RoutingSpec {
+        seed: rng.next_u64(),
+        ..RoutingSpec::default()
+    };
+    let label = match rng.below(4) {
+        0 => "uniform".to_string(),
+        1 => {
+            let exponent = 0.5 + rng.unit();
+            routing.kind = RoutingKind::Zipf { exponent };
+            format!("zipf {exponent:.2}")
+        }
+        2 => {
+            routing.masked_ratio = 0.2 + 0.6 * rng.unit();
+            format!("masked {:.2}", routing.masked_ratio)
+        }
+        _ => {
+            routing.masked_ratio = 1.0;
+            "every slot masked".to_string()
+        }
+    };
+    let mut world =
+        generate_world(spec.shape, spec.ranks, t_max, &routing).map_err(|e| e.to_string())?;
+    let (h, k) = (spec.shape.hidden, spec.shape.topk);
+    for r in &mut world.ranks {
+        let t = if rng.below(4) == 0 {
+            0
+        } else {
+            1 + rng.below(t_max)
+        };
+        r.tokens = t;
+        r.x.truncate(t * h);
+        r.topk_idx.truncate(t * k);
+        r.topk_weights.truncate(t * k);
+    }
+    let largest = world.ranks.iter().map(|r| r.tokens).max().unwrap_or(0);
+    let bound = (rng.below(2) == 0).then(|| largest + rng.below(t_max - largest + 1));
+    let tokens: Vec<usize> = world.ranks.iter().map(|r| r.tokens).collect();
+    Ok((
+        world,
+        bound,
+        format!("{label}, T {tokens:?}, bound {bound:?}"),
+    ))
+}
+
+/// Every token whose slots are all masked has an output of exactly 0.
+fn all_masked_are_zero(world: &WorldInputs, out: &[Vec<bf16>]) -> Result<usize, String> {
+    let (h, k) = (world.shape.hidden, world.shape.topk);
+    let mut n = 0;
+    for (r, inputs) in world.ranks.iter().enumerate() {
+        for t in 0..inputs.tokens {
+            if inputs.topk_idx[t * k..][..k].iter().all(|&e| e < 0) {
+                n += 1;
+                if out[r][t * h..][..h].iter().any(|v| v.to_bits() != 0) {
+                    return Err(format!(
+                        "rank {r} token {t}: every slot masked, output not 0"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(n)
+}
+
+/// The soak's running figures.
+#[derive(Default)]
+struct Figures {
+    calls: usize,
+    rounds: usize,
+    reference_checks: usize,
+    bytes_checked: usize,
+    all_masked_tokens: usize,
+    zero_token_ranks: usize,
+    failures: Vec<String>,
+}
+
+/// One round on `setup`: both kinds in alternating order on one batch, their bits compared,
+/// the CPU reference on `reference` rounds.
+fn round(
+    setup: &mut Setup,
+    rng: &mut SplitMix64,
+    reference: bool,
+    fig: &mut Figures,
+) -> Result<(), String> {
+    let (world, bound, label) = batch(&setup.spec, rng)?;
+    let what = |e: String| format!("{}: {label}: {e}", setup.name);
+    let inputs = bf16_inputs(&world);
+    let fused_first = fig.rounds % 2 == 0;
+    let mut outputs = Vec::with_capacity(2);
+    for fused in [fused_first, !fused_first] {
+        let layer = if fused {
+            &mut setup.fused
+        } else {
+            &mut setup.split
+        };
+        fig.calls += 1;
+        let out = layer
+            .forward(&inputs, bound)
+            .map_err(|e| what(format!("{} forward: {e}", layer.spec().kind.name())))?;
+        outputs.push(out);
+    }
+    let bytes: usize = outputs[0].iter().map(|o| o.len() * 2).sum();
+    if outputs[0] != outputs[1] {
+        return Err(what("the fused and the split layer give other bits".into()));
+    }
+    fig.bytes_checked += 2 * bytes;
+    fig.all_masked_tokens += all_masked_are_zero(&world, &outputs[0]).map_err(what)?;
+    fig.zero_token_ranks += world.ranks.iter().filter(|r| r.tokens == 0).count();
+    if reference {
+        let options = LayerOptions::for_shape(&world.shape);
+        let want = fused_layer(&world, &setup.gen, &options, &|_, _| {})
+            .map_err(|e| what(e.to_string()))?;
+        let d = diff::diff_bf16(&outputs[0], &want);
+        if d.is_nan() || d > MAX_DIFF {
+            return Err(what(format!("diff {d:.3e} against the CPU reference")));
+        }
+        fig.reference_checks += 1;
+        fig.bytes_checked += 2 * bytes;
+    }
+    Ok(())
+}
+
+/// Resident host memory of this process in bytes (VmRSS of /proc/self/status).
+fn host_rss() -> Result<i64, String> {
+    let status = std::fs::read_to_string("/proc/self/status")
+        .map_err(|e| format!("/proc/self/status: {e}"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<i64>().ok())
+        .map(|kb| kb * 1024)
+        .ok_or_else(|| "no VmRSS in /proc/self/status".into())
+}
+
+/// Free device memory and host RSS, now.
+fn memory(gpu: &Gpu) -> Result<(i64, i64), String> {
+    Ok((
+        gpu.free_memory().map_err(|e| e.to_string())? as i64,
+        host_rss()?,
+    ))
+}
+
+/// Checks the arguments (each error names its flag).
+fn check_args(args: &Args) -> Result<(), String> {
+    for (flag, value) in [
+        ("--calls", args.calls as u64),
+        ("--seconds", args.seconds),
+        ("--reference-every", args.reference_every as u64),
+    ] {
+        if value == 0 {
+            return Err(format!("{flag} must be at least 1"));
+        }
+    }
+    Ok(())
+}
+
+pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    check_args(args)?;
+    match megamoe_cuda::device_count() {
+        Ok(0) => return Err("no GPU: `megamoe soak` needs a CUDA GPU (none is visible)".into()),
+        Err(e) => return Err(format!("no GPU: {e}").into()),
+        Ok(_) => {}
+    }
+    let gpu = Gpu::new(0)?;
+    let start = Instant::now();
+    let mut setups = setups(args.seed)?;
+    println!(
+        "soak: {} setups built in {:.1} s: {}",
+        setups.len(),
+        start.elapsed().as_secs_f64(),
+        setups
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+    let mut rng = SplitMix64::new(args.seed);
+    let mut fig = Figures::default();
+    let progress = Progress::new("soak");
+    let budget = Duration::from_secs(args.seconds);
+    let mut before = None;
+    let soak_start = Instant::now();
+    while fig.calls < args.calls && soak_start.elapsed() < budget {
+        // The first round of every setup in order (the warm-up: modules loaded, every buffer
+        // allocated), then a random setup per round.
+        let i = if fig.rounds < setups.len() {
+            fig.rounds
+        } else {
+            rng.below(setups.len())
+        };
+        let reference = fig.rounds % args.reference_every == 0;
+        if let Err(e) = round(&mut setups[i], &mut rng, reference, &mut fig) {
+            println!("FAIL  {e}");
+            fig.failures.push(e);
+            // A failed call may leave a layer broken: build the setup's layers anew.
+            let s = &mut setups[i];
+            (s.split, s.fused) = Setup::layers(s.spec, &s.gen)?;
+        }
+        fig.rounds += 1;
+        if fig.rounds == setups.len() {
+            before = Some(memory(&gpu)?);
+        }
+        let by_time = (soak_start.elapsed().as_secs_f64() / budget.as_secs_f64() * 1000.0) as usize;
+        progress.update((fig.calls * 1000 / args.calls).max(by_time).min(1000), 1000);
+    }
+    let after = memory(&gpu)?;
+    let secs = soak_start.elapsed().as_secs_f64();
+    println!(
+        "calls {} ({} rounds of fused + split) in {secs:.1} s, {:.1} calls/s",
+        fig.calls,
+        fig.rounds,
+        fig.calls as f64 / secs
+    );
+    println!(
+        "checked: {} bytes of output ({:.1} MiB): every call's bits against the other kind, {} rounds against the CPU reference; {} all-masked tokens exactly 0; {} ranks with T = 0",
+        fig.bytes_checked,
+        fig.bytes_checked as f64 / (1 << 20) as f64,
+        fig.reference_checks,
+        fig.all_masked_tokens,
+        fig.zero_token_ranks
+    );
+    let mut growth_failures = Vec::new();
+    match before {
+        Some((dev0, rss0)) => {
+            let (dev_growth, rss_growth) = (dev0 - after.0, after.1 - rss0);
+            println!(
+                "memory after the warm-up round -> end: device free {:.1} -> {:.1} MiB (growth {dev_growth} B), host RSS {:.1} -> {:.1} MiB (growth {rss_growth} B)",
+                dev0 as f64 / 1048576.0,
+                after.0 as f64 / 1048576.0,
+                rss0 as f64 / 1048576.0,
+                after.1 as f64 / 1048576.0
+            );
+            for (what, growth) in [("device memory", dev_growth), ("host RSS", rss_growth)] {
+                if growth > MAX_GROWTH_BYTES {
+                    growth_failures.push(format!("{what} grew by {growth} bytes"));
+                }
+            }
+        }
+        None => {
+            println!("memory: the soak ended before every setup had run once; no growth figure")
+        }
+    }
+    println!("failures: {}", fig.failures.len() + growth_failures.len());
+    for f in &growth_failures {
+        println!("FAIL  {f}");
+    }
+    if !fig.failures.is_empty() || !growth_failures.is_empty() {
+        return Err(format!(
+            "{} failed call(s), {} memory growth failure(s)",
+            fig.failures.len(),
+            growth_failures.len()
+        )
+        .into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_zero_argument_is_an_error_naming_its_flag() {
+        let ok = Args {
+            calls: 1,
+            seconds: 1,
+            reference_every: 1,
+            seed: 0,
+        };
+        assert!(check_args(&ok).is_ok());
+        for (args, flag) in [
+            (Args { calls: 0, ..ok }, "--calls"),
+            (Args { seconds: 0, ..ok }, "--seconds"),
+            (
+                Args {
+                    reference_every: 0,
+                    ..ok
+                },
+                "--reference-every",
+            ),
+        ] {
+            assert!(check_args(&args).unwrap_err().contains(flag));
+        }
+    }
+
+    #[test]
+    fn every_configuration_is_a_valid_layer_of_both_kinds() {
+        for (name, shape, ranks, t) in configurations() {
+            let spec = LayerSpec::new(shape, ranks, t);
+            spec.validate().unwrap_or_else(|e| panic!("{name}: {e}"));
+            spec.fused_layout()
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+    }
+
+    #[test]
+    fn a_batch_keeps_every_t_within_t_max_and_the_bound_between_the_largest_t_and_t_max() {
+        let tiny = Preset::by_name("tiny").unwrap().shape;
+        let spec = LayerSpec::new(tiny, 4, 48);
+        let mut rng = SplitMix64::new(3);
+        let (mut zero_ranks, mut bounds) = (0, 0);
+        for _ in 0..64 {
+            let (world, bound, _) = batch(&spec, &mut rng).unwrap();
+            let largest = world.ranks.iter().map(|r| r.tokens).max().unwrap();
+            for r in &world.ranks {
+                assert!(r.tokens <= 48);
+                assert_eq!(r.x.len(), r.tokens * tiny.hidden);
+                assert_eq!(r.topk_idx.len(), r.tokens * tiny.topk);
+                zero_ranks += (r.tokens == 0) as usize;
+            }
+            if let Some(b) = bound {
+                assert!((largest..=48).contains(&b));
+                bounds += 1;
+            }
+        }
+        assert!(zero_ranks > 0 && bounds > 0);
+    }
+}

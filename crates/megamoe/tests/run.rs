@@ -126,3 +126,63 @@ fn backend_gpu_runs_the_layer_where_a_gpu_is_and_is_an_error_elsewhere() {
         assert!(v["diff_vs_reference"].as_f64().unwrap() <= 1e-4, "{v}");
     }
 }
+
+/// One flag's value for the argument fuzz, and whether the command accepts it: a good value
+/// four times in five.
+fn flag_value(
+    good: &[&'static str],
+    bad: &[&'static str],
+) -> impl proptest::strategy::Strategy<Value = (&'static str, bool)> {
+    use proptest::prelude::*;
+    let good: Vec<_> = good.iter().map(|&v| (v, true)).collect();
+    let bad: Vec<_> = bad.iter().map(|&v| (v, false)).collect();
+    prop_oneof![4 => proptest::sample::select(good), 1 => proptest::sample::select(bad)]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config::with_cases(64))]
+    // Any mix of good and bad values of the numeric flags: the command succeeds exactly when
+    // every value is good, and otherwise exits non-zero with a first line naming a bad flag (as
+    // the argument it validates: --gran's is `group`, --zipf-exponent's `exponent`; one line in
+    // all, except for clap's parse errors, which add a hint), never a panic.
+    #[test]
+    fn numeric_flags_are_accepted_or_named(
+        ranks in flag_value(&["1", "2", "16"], &["0", "3", "-1", "x"]),
+        tokens in flag_value(&["0", "5"], &["-3", "1e3"]),
+        masked in flag_value(&["0", "0.5", "1"], &["1.5", "-0.5", "NaN", "inf"]),
+        exponent in flag_value(&["1.2", "0"], &["-1", "NaN", "inf"]),
+        gran in flag_value(&["64", "128"], &["96", "0"]),
+        clamp in flag_value(&["0.5", "0", "inf"], &["-1", "NaN"]),
+    ) {
+        let flags = [
+            ("ranks", ranks, &["ranks"][..]),
+            ("tokens", tokens, &["tokens"][..]),
+            ("masked", masked, &["masked"][..]),
+            ("zipf-exponent", exponent, &["exponent", "zipf-exponent"][..]),
+            ("gran", gran, &["group", "gran"][..]),
+            ("clamp", clamp, &["clamp"][..]),
+        ];
+        let mut args = vec![
+            "--preset".to_string(), "tiny".into(), "--backend".into(), "cpu".into(),
+            "--routing".into(), "zipf".into(), "--json".into(),
+        ];
+        for (flag, (text, _), _) in &flags {
+            args.push(format!("--{flag}={text}"));
+        }
+        let out = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        let err = String::from_utf8_lossy(&out.stderr);
+        proptest::prop_assert!(!err.contains("panicked"), "{args:?}: {err}");
+        let bad: Vec<&str> = flags
+            .iter()
+            .filter(|(_, (_, valid), _)| !valid)
+            .flat_map(|(_, _, names)| names.iter().copied())
+            .collect();
+        if bad.is_empty() {
+            proptest::prop_assert!(out.status.success(), "{args:?}: {err}");
+        } else {
+            proptest::prop_assert!(!out.status.success(), "{args:?} succeeded");
+            let first = err.lines().next().unwrap_or("");
+            proptest::prop_assert!(bad.iter().any(|n| first.contains(n)), "{args:?}: {err}");
+        }
+    }
+}

@@ -659,6 +659,103 @@ mod tests {
         }
     }
 
+    /// The first broken rule of a call of `ranks` inputs (each rank's T, FP8 or bf16, and the
+    /// lengths of its activations and their scales) with `bound`, as `check_call` orders them:
+    /// the rank count, then rank by rank T ≤ T_max and the lengths, then the bound.
+    fn call_fault(
+        spec: &LayerSpec,
+        ranks: &[(usize, bool, usize, usize)],
+        bound: Option<usize>,
+    ) -> Option<(Option<usize>, &'static str)> {
+        if ranks.len() != spec.ranks {
+            return Some((None, "inputs"));
+        }
+        let h = spec.shape.hidden;
+        for (r, &(t, fp8, x_len, scales_len)) in ranks.iter().enumerate() {
+            if t > spec.max_tokens {
+                return Some((Some(r), "tokens"));
+            }
+            if x_len != t * h {
+                return Some((Some(r), "x"));
+            }
+            if fp8 && scales_len != t * h / 128 {
+                return Some((Some(r), "x_scales"));
+            }
+        }
+        let most = ranks.iter().map(|r| r.0).max().unwrap_or(0);
+        match bound {
+            Some(b) if b < most || b > spec.max_tokens => Some((None, "num_tokens_bound")),
+            _ => None,
+        }
+    }
+
+    proptest! {
+        // Any rank count, any T (0 and beyond T_max included), FP8 or bf16 activations of any
+        // length, any bound: `check_call` returns every rank's T exactly when nothing is
+        // broken, else an error naming the first broken argument (and its rank), never a panic.
+        #[test]
+        fn call_checks_name_the_first_broken_argument(
+            ranks in proptest::collection::vec(
+                (0usize..12, any::<bool>(), prop_oneof![4 => Just(0i64), 1 => -3i64..4],
+                 prop_oneof![4 => Just(0i64), 1 => -2i64..3]),
+                0..4),
+            bound in proptest::option::of(0usize..12),
+        ) {
+            let shape = Preset::by_name("tiny").unwrap().shape; // H 256, E 16, K 4
+            let spec = LayerSpec::new(shape, 2, 8);
+            let (h, k) = (shape.hidden, shape.topk);
+            let len = |n: usize, off: i64| (n as i64 + off).max(0) as usize;
+            let ranks: Vec<_> = ranks
+                .iter()
+                .map(|&(t, fp8, x_off, scale_off)| {
+                    (t, fp8, len(t * h, x_off), len(t * h / 128, scale_off))
+                })
+                .collect();
+            let data: Vec<_> = ranks
+                .iter()
+                .enumerate()
+                .map(|(r, &(t, _, x_len, scales_len))| {
+                    // Slot k of token t names expert (t·K + k + r) mod E: K distinct experts.
+                    let idx: Vec<i32> = (0..t * k).map(|i| ((i + r) % 16) as i32).collect();
+                    (
+                        vec![half::bf16::ONE; x_len],
+                        vec![0x38u8; x_len],
+                        vec![1.0f32; scales_len],
+                        idx,
+                        vec![0.25f32; t * k],
+                    )
+                })
+                .collect();
+            let inputs: Vec<RankInput> = data
+                .iter()
+                .zip(&ranks)
+                .map(|((x, x8, scales, idx, w), &(_, fp8, _, _))| RankInput {
+                    x: if fp8 {
+                        Activations::Fp8 { data: x8, scales }
+                    } else {
+                        Activations::Bf16(x)
+                    },
+                    topk_idx: idx,
+                    topk_weights: w,
+                })
+                .collect();
+            let got = check_call(&spec, &inputs, bound);
+            match (got, call_fault(&spec, &ranks, bound)) {
+                (Ok(tokens), None) => {
+                    prop_assert_eq!(tokens, ranks.iter().map(|r| r.0).collect::<Vec<_>>())
+                }
+                (Err(e), Some((rank, arg))) => {
+                    let text = e.to_string();
+                    prop_assert!(text.contains(&format!("`{arg}`")), "{arg}: {text}");
+                    if let Some(r) = rank {
+                        prop_assert!(text.contains(&format!("rank {r}")), "rank {r}: {text}");
+                    }
+                }
+                (got, want) => prop_assert!(false, "got {:?}, expected {:?}", got, want),
+            }
+        }
+    }
+
     /// A serving engine builds the layer on one thread and runs it on a worker thread.
     #[test]
     fn a_layer_can_move_to_another_thread() {

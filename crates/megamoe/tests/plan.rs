@@ -1,5 +1,8 @@
 //! `megamoe plan`: the seed's size table and the bad-argument exits.
 
+mod common;
+
+use common::flag_value;
 use std::process::Command;
 
 use megamoe_core::Preset;
@@ -117,5 +120,35 @@ fn bad_arguments_exit_non_zero_with_one_line_naming_them() {
         let err = String::from_utf8(out.stderr).unwrap();
         assert_eq!(err.trim_end().lines().count(), 1, "{err}");
         assert!(err.contains(word), "{err}");
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config::with_cases(48))]
+    // Good and bad values of --ranks, --tokens and --gran mixed (0, negative, too large, not a
+    // divisor): `plan` succeeds exactly when every value is good, else exits non-zero with a
+    // first line naming a bad flag, never a panic.
+    #[test]
+    fn flags_are_accepted_or_named(
+        ranks in flag_value(&["1", "2", "4", "8"], &["0", "3", "-1", "16", "32"]),
+        tokens in flag_value(&["1", "64", "4096"], &["0", "-1", "99999999999999999999"]),
+        gran in flag_value(&["64", "128"], &["96", "0", "256"]),
+    ) {
+        let flags = [("ranks", ranks), ("tokens", tokens), ("gran", gran)];
+        let mut args = vec!["--preset".to_string(), "tiny".into(), "--json".into()];
+        for (flag, (text, _)) in &flags {
+            args.push(format!("--{flag}={text}"));
+        }
+        let out = plan(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        let err = String::from_utf8_lossy(&out.stderr);
+        proptest::prop_assert!(!err.contains("panicked"), "{args:?}: {err}");
+        let bad: Vec<&str> = flags.iter().filter(|(_, (_, ok))| !ok).map(|(f, _)| *f).collect();
+        if bad.is_empty() {
+            proptest::prop_assert!(out.status.success(), "{args:?}: {err}");
+        } else {
+            proptest::prop_assert!(!out.status.success(), "{args:?} succeeded");
+            let first = err.lines().next().unwrap_or("");
+            proptest::prop_assert!(bad.iter().any(|n| first.contains(n)), "{args:?}: {err}");
+        }
     }
 }

@@ -1,5 +1,8 @@
 //! `megamoe run`: the JSON report, determinism across rank counts, and bad-argument exits.
 
+mod common;
+
+use common::flag_value;
 use std::process::{Command, Output};
 
 fn run(args: &[&str]) -> Output {
@@ -125,18 +128,6 @@ fn backend_gpu_runs_the_layer_where_a_gpu_is_and_is_an_error_elsewhere() {
         assert_eq!(v["backend"], "gpu");
         assert!(v["diff_vs_reference"].as_f64().unwrap() <= 1e-4, "{v}");
     }
-}
-
-/// One flag's value for the argument fuzz, and whether the command accepts it: a good value
-/// four times in five.
-fn flag_value(
-    good: &[&'static str],
-    bad: &[&'static str],
-) -> impl proptest::strategy::Strategy<Value = (&'static str, bool)> {
-    use proptest::prelude::*;
-    let good: Vec<_> = good.iter().map(|&v| (v, true)).collect();
-    let bad: Vec<_> = bad.iter().map(|&v| (v, false)).collect();
-    prop_oneof![4 => proptest::sample::select(good), 1 => proptest::sample::select(bad)]
 }
 
 proptest::proptest! {

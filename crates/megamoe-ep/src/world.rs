@@ -256,8 +256,8 @@ impl EpWorld {
         topk_idx: &[i32],
         probs: &[f32],
     ) -> Result<(), EpError> {
-        self.check_capacity(rank, tokens)?;
-        self.check_routing(rank, tokens, topk_idx, probs)?;
+        check_capacity(&self.config, rank, tokens)?;
+        check_routing(&self.config, rank, tokens, topk_idx, probs)?;
         self.write_routing(rank, topk_idx, probs)
     }
 
@@ -270,66 +270,11 @@ impl EpWorld {
         topk_idx: &[i32],
         probs: &[f32],
     ) -> Result<(), EpError> {
-        let s = &self.config.spec;
-        let bad = |e| Err(EpError::input(rank, e));
-        self.check_capacity(rank, tokens)?;
-        let (bytes, scales): (&[u8], &[f32]) = match (rows, self.config.dtype) {
-            (Rows::Bf16(x), RowDtype::Bf16) => (bytemuck_bf16(x), &[]),
-            (Rows::Fp8 { data, scales }, RowDtype::Fp8) => (data, scales),
-            (given, want) => {
-                return bad(value(
-                    "x",
-                    given.dtype_name(),
-                    &format!("this buffer carries {want:?} rows"),
-                ))
-            }
-        };
-        let row_bytes = self.config.dtype.row_bytes(s.hidden);
-        let spr = self.config.dtype.scales_per_row(s.hidden);
-        for (arg, got, expected) in [
-            ("x", bytes.len(), tokens * row_bytes),
-            ("x_scales", scales.len(), tokens * spr),
-        ] {
-            if got != expected {
-                return bad(Error::Length { arg, got, expected });
-            }
-        }
-        self.check_routing(rank, tokens, topk_idx, probs)?;
+        let (bytes, scales) = check_inputs(&self.config, rank, tokens, rows, topk_idx, probs)?;
         self.write_routing(rank, topk_idx, probs)?;
         let buf = self.buffer(rank);
         buf.upload_at(self.layout.in_rows, bytes)?;
         buf.upload_at(self.layout.in_scales, scales)?;
-        Ok(())
-    }
-
-    fn check_capacity(&self, rank: usize, tokens: usize) -> Result<(), EpError> {
-        let capacity = self.config.spec.max_tokens;
-        if tokens > capacity {
-            return Err(EpError::input(
-                rank,
-                Error::Capacity {
-                    arg: "tokens",
-                    got: tokens,
-                    capacity,
-                },
-            ));
-        }
-        Ok(())
-    }
-
-    fn check_routing(
-        &self,
-        rank: usize,
-        tokens: usize,
-        topk_idx: &[i32],
-        probs: &[f32],
-    ) -> Result<(), EpError> {
-        let expected = tokens * self.config.spec.topk;
-        for (arg, got) in [("topk_idx", topk_idx.len()), ("probs", probs.len())] {
-            if got != expected {
-                return Err(EpError::input(rank, Error::Length { arg, got, expected }));
-            }
-        }
         Ok(())
     }
 
@@ -424,7 +369,7 @@ impl EpWorld {
         handle: &mut Handle,
     ) -> Result<Option<Vec<Dispatched>>, EpError> {
         let s = &self.config.spec;
-        self.check_tokens(tokens)?;
+        check_tokens(&self.config, tokens)?;
         if pad_multiple == 0 || pad_multiple > s.max_pad_multiple {
             return Err(EpError::input(
                 0,
@@ -553,7 +498,7 @@ impl EpWorld {
         pad_multiple: usize,
         handle: &Handle,
     ) -> Result<(), EpError> {
-        self.check_tokens(tokens)?;
+        check_tokens(&self.config, tokens)?;
         self.launch_input_rows(
             tokens,
             pad_multiple,
@@ -674,32 +619,6 @@ impl EpWorld {
         LaunchConfig::new(self.config.num_sms as u32, THREADS)
     }
 
-    fn check_tokens(&self, tokens: &[usize]) -> Result<(), EpError> {
-        if tokens.len() != self.ranks() {
-            return Err(EpError::input(
-                0,
-                Error::Length {
-                    arg: "tokens",
-                    got: tokens.len(),
-                    expected: self.ranks(),
-                },
-            ));
-        }
-        for (r, &t) in tokens.iter().enumerate() {
-            if t > self.config.spec.max_tokens {
-                return Err(EpError::input(
-                    r,
-                    Error::Capacity {
-                        arg: "tokens",
-                        got: t,
-                        capacity: self.config.spec.max_tokens,
-                    },
-                ));
-            }
-        }
-        Ok(())
-    }
-
     fn check_handle(&self, handle: &Handle) -> Result<(), EpError> {
         if !handle.ready || handle.blocks.len() != self.ranks() {
             return Err(EpError::input(
@@ -803,6 +722,104 @@ impl EpWorld {
     }
 }
 
+/// The host checks of one rank's dispatch inputs, before anything is written: T within the
+/// capacity, rows of the buffer's dtype and their lengths, then the routing's lengths. Returns
+/// the row bytes and scales to upload.
+fn check_inputs<'a>(
+    config: &EpConfig,
+    rank: usize,
+    tokens: usize,
+    rows: Rows<'a>,
+    topk_idx: &[i32],
+    probs: &[f32],
+) -> Result<(&'a [u8], &'a [f32]), EpError> {
+    let bad = |e| Err(EpError::input(rank, e));
+    check_capacity(config, rank, tokens)?;
+    let (bytes, scales): (&[u8], &[f32]) = match (rows, config.dtype) {
+        (Rows::Bf16(x), RowDtype::Bf16) => (bytemuck_bf16(x), &[]),
+        (Rows::Fp8 { data, scales }, RowDtype::Fp8) => (data, scales),
+        (given, want) => {
+            return bad(value(
+                "x",
+                given.dtype_name(),
+                &format!("this buffer carries {want:?} rows"),
+            ))
+        }
+    };
+    let hidden = config.spec.hidden;
+    for (arg, got, expected) in [
+        ("x", bytes.len(), tokens * config.dtype.row_bytes(hidden)),
+        (
+            "x_scales",
+            scales.len(),
+            tokens * config.dtype.scales_per_row(hidden),
+        ),
+    ] {
+        if got != expected {
+            return bad(Error::Length { arg, got, expected });
+        }
+    }
+    check_routing(config, rank, tokens, topk_idx, probs)?;
+    Ok((bytes, scales))
+}
+
+fn check_capacity(config: &EpConfig, rank: usize, tokens: usize) -> Result<(), EpError> {
+    let capacity = config.spec.max_tokens;
+    if tokens > capacity {
+        return Err(EpError::input(
+            rank,
+            Error::Capacity {
+                arg: "tokens",
+                got: tokens,
+                capacity,
+            },
+        ));
+    }
+    Ok(())
+}
+
+fn check_routing(
+    config: &EpConfig,
+    rank: usize,
+    tokens: usize,
+    topk_idx: &[i32],
+    probs: &[f32],
+) -> Result<(), EpError> {
+    let expected = tokens * config.spec.topk;
+    for (arg, got) in [("topk_idx", topk_idx.len()), ("probs", probs.len())] {
+        if got != expected {
+            return Err(EpError::input(rank, Error::Length { arg, got, expected }));
+        }
+    }
+    Ok(())
+}
+
+fn check_tokens(config: &EpConfig, tokens: &[usize]) -> Result<(), EpError> {
+    if tokens.len() != config.spec.ranks {
+        return Err(EpError::input(
+            0,
+            Error::Length {
+                arg: "tokens",
+                got: tokens.len(),
+                expected: config.spec.ranks,
+            },
+        ));
+    }
+    for (r, &t) in tokens.iter().enumerate() {
+        if t > config.spec.max_tokens {
+            return Err(EpError::input(
+                r,
+                Error::Capacity {
+                    arg: "tokens",
+                    got: t,
+                    capacity: config.spec.max_tokens,
+                },
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Rows handed to [`EpWorld::upload_inputs`].
 #[derive(Clone, Copy, Debug)]
 pub enum Rows<'a> {
@@ -871,5 +888,102 @@ fn with_row(e: Error, row: usize) -> Error {
             second,
         },
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn config(dtype: RowDtype) -> EpConfig {
+        let spec = BufferSpec {
+            ranks: 2,
+            experts: 16,
+            topk: 4,
+            hidden: 256,
+            max_tokens: 8,
+            max_pad_multiple: 128,
+        };
+        EpConfig::new(spec, dtype)
+    }
+
+    proptest! {
+        // Any T (past the capacity too), rows of either dtype against a buffer of either, any
+        // lengths of rows, scales and routing: `check_inputs` returns the rows to upload exactly
+        // when nothing is broken, else an error naming the rank and the first broken argument
+        // (T, the rows' dtype, their length, the scales', topk_idx's, probs'), never a panic.
+        #[test]
+        fn dispatch_inputs_name_the_first_broken_argument(
+            buffer_fp8 in any::<bool>(),
+            rows_fp8 in any::<bool>(),
+            rank in 0usize..2,
+            tokens in 0usize..11,
+            offsets in proptest::collection::vec(prop_oneof![4 => Just(0i64), 1 => -2i64..3], 4),
+        ) {
+            let dtype = if buffer_fp8 { RowDtype::Fp8 } else { RowDtype::Bf16 };
+            let config = config(dtype);
+            let (h, k) = (config.spec.hidden, config.spec.topk);
+            let len = |n: usize, i: usize| (n as i64 + offsets[i]).max(0) as usize;
+            let (x_len, scales_len) = if rows_fp8 {
+                (len(tokens * h, 0), len(tokens * h / 128, 1))
+            } else {
+                (len(tokens * h, 0), 0)
+            };
+            let (idx_len, probs_len) = (len(tokens * k, 2), len(tokens * k, 3));
+            let x = vec![half::bf16::ONE; x_len];
+            let data = vec![0x38u8; x_len];
+            let scales = vec![1.0f32; scales_len];
+            let rows = if rows_fp8 {
+                Rows::Fp8 { data: &data, scales: &scales }
+            } else {
+                Rows::Bf16(&x)
+            };
+            let row_bytes = if rows_fp8 { x_len } else { 2 * x_len };
+            let want = if tokens > config.spec.max_tokens {
+                Some("tokens")
+            } else if rows_fp8 != buffer_fp8 || row_bytes != tokens * dtype.row_bytes(h) {
+                Some("x")
+            } else if scales_len != tokens * dtype.scales_per_row(h) {
+                Some("x_scales")
+            } else if idx_len != tokens * k {
+                Some("topk_idx")
+            } else if probs_len != tokens * k {
+                Some("probs")
+            } else {
+                None
+            };
+            let idx = vec![0i32; idx_len];
+            let probs = vec![0.5f32; probs_len];
+            match (check_inputs(&config, rank, tokens, rows, &idx, &probs), want) {
+                (Ok((bytes, s)), None) => {
+                    prop_assert_eq!(bytes.len(), row_bytes);
+                    prop_assert_eq!(s.len(), scales_len);
+                }
+                (Err(e), Some(arg)) => {
+                    let text = e.to_string();
+                    prop_assert!(text.starts_with(&format!("rank {rank}: `{arg}`")), "{arg}: {text}");
+                }
+                (got, want) => prop_assert!(false, "got {:?}, expected {:?}", got.map(|_| ()), want),
+            }
+        }
+
+        // Any number of ranks' T, each within the capacity or not: `check_tokens` accepts exactly
+        // one T per rank within the capacity, else names the count or the first rank past it.
+        #[test]
+        fn token_counts_name_the_rank_past_the_capacity(
+            tokens in proptest::collection::vec(0usize..11, 0..4),
+        ) {
+            let config = config(RowDtype::Bf16);
+            let got = check_tokens(&config, &tokens).map_err(|e| e.to_string());
+            if tokens.len() != 2 {
+                prop_assert!(got.unwrap_err().starts_with("rank 0: `tokens` has"));
+            } else if let Some(r) = tokens.iter().position(|&t| t > 8) {
+                let text = got.unwrap_err();
+                prop_assert!(text.starts_with(&format!("rank {r}: `tokens`")), "{}", text);
+            } else {
+                prop_assert!(got.is_ok());
+            }
+        }
     }
 }

@@ -25,9 +25,11 @@ const POISON: u8 = 0xA5;
 type SpecCheck = fn(BufferSpec) -> Result<String, String>;
 
 /// Tokens per rank of the small checks.
-const SMALL_TOKENS: usize = 256;
+pub const SMALL_TOKENS: usize = 256;
 
-fn small(ranks: usize) -> BufferSpec {
+/// The small checks' buffer (64 experts, top-6, H 512) for `ranks`: room for every routing of up
+/// to [`SMALL_TOKENS`] tokens per rank.
+pub fn small(ranks: usize) -> BufferSpec {
     BufferSpec {
         ranks,
         experts: 64,
@@ -415,9 +417,10 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-/// Dispatch, combine, dispatch's backward and combine's backward of one routing, each compared
-/// bit for bit with megamoe-core's reference.
-fn round_trip(
+/// Dispatch, combine, dispatch's backward and combine's backward of one routing (`tokens` per
+/// rank, at most [`SMALL_TOKENS`] on a [`small`] buffer), each compared bit for bit with
+/// megamoe-core's reference.
+pub fn round_trip(
     world: &EpWorld,
     routing: Routing,
     tokens: usize,

@@ -1,7 +1,9 @@
 //! `megamoe soak`: forward calls of both layer kinds, one after the other, on random shapes,
 //! token counts (T = 0 ranks included), routings (uniform, Zipf, masked up to every slot) and
 //! bounds, every output checked: the fused layer's bits against the split layer's on every call,
-//! both against the CPU reference on every n-th round, every all-masked token exactly 0. Device
+//! both against the CPU reference on every n-th round, every all-masked token exactly 0; every
+//! third round dispatch and combine alone (forward and backward, bit for bit against
+//! megamoe-core's reference). Device
 //! memory (cuMemGetInfo) and host RSS are sampled once every layer has run and at every tenth of
 //! the soak: neither may grow over its second half.
 
@@ -13,6 +15,8 @@ use megamoe_core::rng::SplitMix64;
 use megamoe_core::routing::{generate_world, RoutingKind, RoutingSpec};
 use megamoe_core::{diff, fused_layer, LayerOptions, Preset, WeightGen, WorldInputs};
 use megamoe_cuda::Gpu;
+use megamoe_ep::selftest::{round_trip, small, Routing, SMALL_TOKENS};
+use megamoe_ep::{EpConfig, EpWorld, RowDtype};
 use megamoe_layer::inputs::bf16_inputs;
 use megamoe_layer::selftest::MAX_DIFF;
 use megamoe_layer::{Kind, LayerSpec, MoeLayer};
@@ -183,7 +187,10 @@ fn all_masked_are_zero(world: &WorldInputs, out: &[Vec<bf16>]) -> Result<usize, 
 #[derive(Default)]
 struct Figures {
     calls: usize,
+    /// Rounds of the layer (fused + split on one batch).
     rounds: usize,
+    /// Rounds of dispatch and combine alone (forward and backward on one routing).
+    ep_rounds: usize,
     reference_checks: usize,
     bytes_checked: usize,
     all_masked_tokens: usize,
@@ -237,6 +244,44 @@ fn round(
     Ok(())
 }
 
+/// Dispatch and combine alone on the small checks' buffer of megamoe-ep's selftest.
+struct EpSetup {
+    name: String,
+    world: EpWorld,
+}
+
+impl EpSetup {
+    fn new(ranks: usize, dtype: RowDtype) -> Result<EpSetup, String> {
+        let config = EpConfig {
+            num_sms: 16,
+            ..EpConfig::new(small(ranks), dtype)
+        };
+        Ok(EpSetup {
+            name: format!("dispatch/combine R={ranks} {dtype:?}"),
+            world: EpWorld::new(config).map_err(|e| e.to_string())?,
+        })
+    }
+}
+
+/// One round of dispatch and combine alone: a random routing, T and pad; dispatch,
+/// combine and both backwards, each bit for bit against megamoe-core's reference.
+fn ep_round(setup: &EpSetup, rng: &mut SplitMix64, fig: &mut Figures) -> Result<(), String> {
+    let routing = Routing::ALL[rng.below(Routing::ALL.len())];
+    // T = 0 ranks come with the uneven routing (and in the layer's rounds).
+    let tokens = 1 + rng.below(SMALL_TOKENS);
+    let pad = [1, 16, 64, 128][rng.below(4)];
+    let seed = rng.next_u64();
+    fig.calls += 4;
+    fig.ep_rounds += 1;
+    round_trip(&setup.world, routing, tokens, pad, seed).map_err(|e| {
+        format!(
+            "{}: {} T {tokens} pad {pad} seed {seed:#x}: {e}",
+            setup.name,
+            routing.name()
+        )
+    })
+}
+
 /// Resident host memory of this process in bytes (VmRSS of /proc/self/status).
 fn host_rss() -> Result<i64, String> {
     let status = std::fs::read_to_string("/proc/self/status")
@@ -281,15 +326,20 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let gpu = Gpu::new(0)?;
     let start = Instant::now();
     let mut setups = setups(args.seed)?;
+    let mut ep_setups = [
+        EpSetup::new(2, RowDtype::Bf16)?,
+        EpSetup::new(4, RowDtype::Fp8)?,
+    ];
+    let names: Vec<&str> = setups
+        .iter()
+        .map(|s| s.name.as_str())
+        .chain(ep_setups.iter().map(|s| s.name.as_str()))
+        .collect();
     println!(
         "soak: {} setups built in {:.1} s: {}",
-        setups.len(),
+        names.len(),
         start.elapsed().as_secs_f64(),
-        setups
-            .iter()
-            .map(|s| s.name.as_str())
-            .collect::<Vec<_>>()
-            .join("; ")
+        names.join("; ")
     );
     let mut rng = SplitMix64::new(args.seed);
     let mut fig = Figures::default();
@@ -299,30 +349,40 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     // and at every tenth.
     let mut samples: Vec<(usize, i64, i64)> = Vec::new();
     let soak_start = Instant::now();
-    while fig.calls < args.calls && soak_start.elapsed() < budget {
-        // The first round of every setup in order (the warm-up: modules loaded, every buffer
-        // allocated), then a random setup per round.
-        let i = if fig.rounds < setups.len() {
-            fig.rounds
-        } else {
-            rng.below(setups.len())
-        };
-        let reference = fig.rounds % args.reference_every == 0;
-        if let Err(e) = round(&mut setups[i], &mut rng, reference, &mut fig) {
-            println!("FAIL  {e}");
-            fig.failures.push(e);
-            // A failed call may leave a layer broken: build the setup's layers anew.
-            let s = &mut setups[i];
-            (s.split, s.fused) = Setup::layers(s.spec, &s.gen)?;
+    // Every setup's first round comes in order (the warm-up: modules loaded, every buffer
+    // allocated), then a random one per round; every third round is dispatch and combine alone.
+    let pick =
+        |done: usize, n: usize, rng: &mut SplitMix64| if done < n { done } else { rng.below(n) };
+    for step in 0.. {
+        if fig.calls >= args.calls || soak_start.elapsed() >= budget {
+            break;
         }
-        fig.rounds += 1;
+        if step % 3 == 2 {
+            let i = pick(fig.ep_rounds, ep_setups.len(), &mut rng);
+            if let Err(e) = ep_round(&ep_setups[i], &mut rng, &mut fig) {
+                println!("FAIL  {e}");
+                fig.failures.push(e);
+                // A failed call may leave the world broken: build it anew.
+                let (ranks, dtype) = (ep_setups[i].world.ranks(), ep_setups[i].world.config.dtype);
+                ep_setups[i] = EpSetup::new(ranks, dtype)?;
+            }
+        } else {
+            let i = pick(fig.rounds, setups.len(), &mut rng);
+            let reference = fig.rounds % args.reference_every == 0;
+            if let Err(e) = round(&mut setups[i], &mut rng, reference, &mut fig) {
+                println!("FAIL  {e}");
+                fig.failures.push(e);
+                // A failed call may leave a layer broken: build the setup's layers anew.
+                let s = &mut setups[i];
+                (s.split, s.fused) = Setup::layers(s.spec, &s.gen)?;
+            }
+            fig.rounds += 1;
+        }
         let by_time = (soak_start.elapsed().as_secs_f64() / budget.as_secs_f64() * 1000.0) as usize;
         let done = (fig.calls * 1000 / args.calls).max(by_time).min(1000);
         let tenth = |d: usize| d / 100;
-        if fig.rounds == setups.len()
-            || (fig.rounds > setups.len()
-                && samples.last().is_some_and(|s| tenth(s.0) < tenth(done)))
-        {
+        let warm = fig.rounds >= setups.len() && fig.ep_rounds >= ep_setups.len();
+        if warm && samples.last().is_none_or(|s| tenth(s.0) < tenth(done)) {
             let (dev, rss) = memory(&gpu)?;
             samples.push((done, dev, rss));
         }
@@ -330,13 +390,14 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     let secs = soak_start.elapsed().as_secs_f64();
     println!(
-        "calls {} ({} rounds of fused + split) in {secs:.1} s, {:.1} calls/s",
+        "calls {} ({} rounds of fused + split, {} of dispatch + combine and both backwards) in {secs:.1} s, {:.1} calls/s",
         fig.calls,
         fig.rounds,
+        fig.ep_rounds,
         fig.calls as f64 / secs
     );
     println!(
-        "checked: {} bytes of output ({:.1} MiB): every call's bits against the other kind, {} rounds against the CPU reference; {} all-masked tokens exactly 0; {} ranks with T = 0",
+        "checked: {} bytes of layer output ({:.1} MiB): every call's bits against the other kind, {} rounds against the CPU reference; {} all-masked tokens exactly 0; {} ranks with T = 0; dispatch/combine: every output bit against the reference",
         fig.bytes_checked,
         fig.bytes_checked as f64 / (1 << 20) as f64,
         fig.reference_checks,

@@ -46,17 +46,19 @@ def quantize_weights(w):
 
 
 def block_gemm(qa, sa, qb, sb, group):
-    """f32 [M, N] of e4m3 qa [M, K] (scales sa [M, K/group]) times e4m3 qbᵀ, qb [N, K] (scales
-    sb [N/128, K/128]): each group's products summed exactly (f64: every product is a multiple
-    of 2^-18 below 2^18, a group's sum below 2^25), rounded to f32, then added into the running
-    f32 sum as sum + blocksum · (sa · sb)."""
+    """f32 [M, N] of e4m3 values qa [M, K] (scales sa [M, K/group]) times e4m3 values qbᵀ, qb
+    [N, K] (scales sb [N/128, K/128]), each held in an e4m3 or wider float tensor: each group's
+    products summed exactly (f64: every product is a multiple of 2^-18 below 2^18, a group's sum
+    below 2^25), rounded to f32, then added into the running f32 sum as
+    sum + blocksum · (sa · sb)."""
     m, k = qa.shape
     n = qb.shape[0]
     kg = k // group
     a = qa.double().reshape(m, kg, group)
     b = qb.double().reshape(n, kg, group)
     blocks = torch.einsum("mgc,ngc->gmn", a, b).float()
-    sb_cols = sb.repeat_interleave(128, dim=0)[:, torch.arange(kg, device=sb.device) * group // 128]  # [N, kg]
+    # [N, kg]: the weight scale of every output row and activation scale group.
+    sb_cols = sb.repeat_interleave(128, dim=0)[:, torch.arange(kg, device=sb.device) * group // 128]
     acc = torch.zeros(m, n, dtype=torch.float32, device=qa.device)
     for g in range(kg):
         scale = sa[:, g][:, None] * sb_cols[:, g][None, :]  # f32
@@ -84,6 +86,7 @@ def moe_forward(x, topk_idx, topk_weights, w1, s1, w2, s2, group, clamp=None):
         qx, sx = x
     else:
         qx, sx = quantize(x, 128, INPUT_FLOOR)
+    qx = qx.float()  # e4m3 values are exact in f32, which every indexing kernel takes
     t, k = topk_idx.shape
     h = qx.shape[1]
     out = torch.zeros(t, k, h, dtype=torch.float32, device=qx.device)

@@ -24,13 +24,20 @@ def diff(x, y):
     return 0.0 if den == 0 else ((x - y) ** 2).sum().item() / den
 
 
+def _scale_and_inverse(amax, floor):
+    """sf = max(amax, floor) / 448 and 1 / sf, each one f32 division of two tensors: torch's
+    CUDA division by a Python number multiplies by its reciprocal instead (one rounding more)."""
+    sf = amax.clamp_min(floor) / torch.full_like(amax, E4M3_MAX)
+    return sf, torch.ones_like(sf) / sf
+
+
 def quantize(v, group, floor):
     """e4m3 codes and f32 scales of v [rows, cols] per `group` contiguous columns:
     sf = max(amax, floor) / 448, q = e4m3(v · (1/sf)), round-to-nearest-even, saturating."""
     rows, cols = v.shape
     g = v.float().reshape(rows, cols // group, group)
-    sf = g.abs().amax(dim=2).clamp_min(floor) / E4M3_MAX
-    scaled = g * (1.0 / sf)[:, :, None]
+    sf, inv = _scale_and_inverse(g.abs().amax(dim=2), floor)
+    scaled = g * inv[:, :, None]
     q = scaled.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return q.reshape(rows, cols), sf
 
@@ -39,8 +46,8 @@ def quantize_weights(w):
     """e4m3 codes and f32 scales of w [E, N, K] per 128 x 128 block (floor 1e-4)."""
     e, n, k = w.shape
     b = w.float().reshape(e, n // 128, 128, k // 128, 128)
-    sf = b.abs().amax(dim=(2, 4)).clamp_min(INPUT_FLOOR) / E4M3_MAX
-    scaled = b * (1.0 / sf)[:, :, None, :, None]
+    sf, inv = _scale_and_inverse(b.abs().amax(dim=(2, 4)), INPUT_FLOOR)
+    scaled = b * inv[:, :, None, :, None]
     q = scaled.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return q.reshape(e, n, k), sf
 
@@ -117,9 +124,17 @@ def random_batch(tokens, hidden, experts, topk, masked=0.0, generator=None, devi
     return x, idx, weights
 
 
-def random_weights(experts, hidden, inter, generator=None, device="cuda"):
-    """(w1, s1, w2, s2): seeded FP8 experts in SPEC §2's layouts."""
+def random_weights(experts, hidden, inter, generator=None, device="cuda", uniform=False):
+    """(w1, s1, w2, s2): seeded FP8 experts in SPEC §2's layouts, normal with variance 1/K (K the
+    columns), or with `uniform` uniform of the same variance: then every 128 x 128 block has
+    nearly the same scale, as in megamoe's own generated weights."""
     gen = dict(generator=generator, device=device)
-    w1 = torch.randn(experts, 2 * inter, hidden, **gen) / hidden ** 0.5
-    w2 = torch.randn(experts, hidden, inter, **gen) / inter ** 0.5
+
+    def draw(*shape):
+        if uniform:
+            return (torch.rand(*shape, **gen) * 2 - 1) * (3 / shape[-1]) ** 0.5
+        return torch.randn(*shape, **gen) / shape[-1] ** 0.5
+
+    w1 = draw(experts, 2 * inter, hidden)
+    w2 = draw(experts, hidden, inter)
     return (*quantize_weights(w1), *quantize_weights(w2))

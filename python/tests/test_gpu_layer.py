@@ -83,7 +83,38 @@ def test_the_layer_matches_the_torch_reference(case, kind, ranks):
     y = output(case, kind, ranks)
     assert y.dtype == torch.bfloat16 and y.shape == case["reference"].shape
     d = ref.diff(y, case["reference"])
-    print(f"{case['name']} {kind} R={ranks}: diff {d:.2e} against the torch reference")
+    same = (y == case["reference"]).float().mean().item()
+    print(f"{case['name']} {kind} R={ranks}: diff {d:.2e} against the torch reference, "
+          f"{same:.1%} of the outputs bit-equal")
+    assert d <= MAX_DIFF
+
+
+@needs_gpu
+def test_bf16_input_is_quantized_by_the_spec_rule(case):
+    """The layer's quantizer and the reference's (SPEC's rule) agree: x and its quantization
+    passed as e4m3 give the same bits."""
+    x, idx, w = case["batch"]
+    layer = build(1, case["shape"], "fused", 2 * case["shape"]["tokens"], case["weights"])
+    y = layer.forward(ref.quantize(x, 128, ref.INPUT_FLOOR), idx, w)
+    d = ref.diff(y, case["reference"])
+    print(f"{case['name']} fused R=1, e4m3 input: diff {d:.2e} against the torch reference")
+    assert torch.equal(y, output(case, "fused", 1))
+
+
+@needs_gpu
+def test_the_layer_matches_the_reference_with_equal_block_scales(case):
+    """Weights whose 128 x 128 blocks all have nearly the same scale (uniform values, like
+    megamoe's generated weights): with the normal weights of the other tests, this separates
+    errors in the weight scales from the rest."""
+    shape = case["shape"]
+    h, i, e, k = (shape[n] for n in ("hidden", "intermediate_hidden", "num_experts", "num_topk"))
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    weights = ref.random_weights(e, h, i, generator=gen, uniform=True)
+    x, idx, w = case["batch"]
+    layer = build(1, shape, "fused", 2 * shape["tokens"], weights)
+    y = layer.forward(x, idx, w)
+    d = ref.diff(y, ref.moe_forward(x, idx, w, *weights, group=layer.group))
+    print(f"{case['name']} fused R=1, weights of equal block scales: diff {d:.2e}")
     assert d <= MAX_DIFF
 
 

@@ -124,17 +124,9 @@ def random_batch(tokens, hidden, experts, topk, masked=0.0, generator=None, devi
     return x, idx, weights
 
 
-def random_weights(experts, hidden, inter, generator=None, device="cuda", uniform=False):
-    """(w1, s1, w2, s2): seeded FP8 experts in SPEC §2's layouts, normal with variance 1/K (K the
-    columns), or with `uniform` uniform of the same variance: then every 128 x 128 block has
-    nearly the same scale, as in megamoe's own generated weights."""
+def random_weights(experts, hidden, inter, generator=None, device="cuda"):
+    """(w1, s1, w2, s2): seeded FP8 experts in SPEC §2's layouts."""
     gen = dict(generator=generator, device=device)
-
-    def draw(*shape):
-        if uniform:
-            return (torch.rand(*shape, **gen) * 2 - 1) * (3 / shape[-1]) ** 0.5
-        return torch.randn(*shape, **gen) / shape[-1] ** 0.5
-
-    w1 = draw(experts, 2 * inter, hidden)
-    w2 = draw(experts, hidden, inter)
+    w1 = torch.randn(experts, 2 * inter, hidden, **gen) / hidden ** 0.5
+    w2 = torch.randn(experts, hidden, inter, **gen) / inter ** 0.5
     return (*quantize_weights(w1), *quantize_weights(w2))

@@ -479,10 +479,20 @@ impl FusedLayer {
         inputs: &[RankInput],
         num_tokens_bound: Option<usize>,
     ) -> Result<Vec<Vec<bf16>>> {
+        let staged = self.run(inputs, num_tokens_bound)?;
+        self.outputs(&staged)
+    }
+
+    /// [`Self::forward`] up to the outputs, which stay on the device ([`Self::output`]).
+    pub(crate) fn run(
+        &mut self,
+        inputs: &[RankInput],
+        num_tokens_bound: Option<usize>,
+    ) -> Result<FusedStaged> {
         let staged = self.stage(inputs, num_tokens_bound)?;
         self.launch(&staged)?;
         self.finish()?;
-        self.outputs(&staged)
+        Ok(staged)
     }
 
     /// Cumulative rows received per local expert (index: rank, then local expert), over every
@@ -545,6 +555,14 @@ impl FusedLayer {
                     buf.upload_at(off("x"), data)?;
                     buf.upload_at(off("x_scales"), scales)?;
                     bf16.push(false);
+                }
+                Activations::Device(x) => {
+                    let places = [
+                        (&self.ranks[r].x_bf16, 0),
+                        (buf, off("x")),
+                        (buf, off("x_scales")),
+                    ];
+                    bf16.push(x.copy_into(places, s.shape.hidden)?);
                 }
             }
         }
@@ -692,15 +710,20 @@ impl FusedLayer {
     /// Downloads the outputs of the last finished call.
     pub fn outputs(&self, staged: &FusedStaged) -> Result<Vec<Vec<bf16>>> {
         let h = self.spec.shape.hidden;
-        self.ranks
-            .iter()
-            .zip(&staged.tokens)
-            .map(|(rank, &t)| {
-                let mut y = vec![bf16::ZERO; t * h];
-                rank.y.download_into(0, &mut y)?;
+        (0..self.spec.ranks)
+            .map(|r| {
+                let mut y = vec![bf16::ZERO; staged.tokens[r] * h];
+                let (buf, offset) = self.output(r);
+                buf.download_into(offset, &mut y)?;
                 Ok(y)
             })
             .collect()
+    }
+
+    /// Where rank `rank`'s output of the last finished call is: bf16 `[T, H]` from a byte
+    /// offset of a buffer.
+    pub(crate) fn output(&self, rank: usize) -> (&DeviceBuffer, usize) {
+        (&self.ranks[rank].y, 0)
     }
 
     /// Every rank's staged inputs as bytes: the input rows and scales, the routing, the bf16

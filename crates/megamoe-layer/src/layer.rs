@@ -47,6 +47,14 @@ impl MoeLayer {
         }
     }
 
+    /// The GPU handle of rank `rank` (its device and stream).
+    pub fn gpu(&self, rank: usize) -> &megamoe_cuda::Gpu {
+        match self {
+            MoeLayer::Split(l) => l.gpu(rank),
+            MoeLayer::Fused(l) => l.gpu(rank),
+        }
+    }
+
     /// Cumulative rows received per local expert (rank, then local expert).
     pub fn expert_counts(&self) -> &[Vec<u64>] {
         match self {

@@ -11,6 +11,8 @@
 //!   (W1's gate and up blocks interleaved, [`weights`]), [`SplitLayer::forward`] with bf16 or
 //!   e4m3 input, every input checked before anything is written, the cumulative per-expert
 //!   received-row counts.
+//! - [`MoeLayer::forward_device`] ([`device_io`]): the forward pass on tensors already on the
+//!   GPU (a framework's), by device address, after the caller's stream.
 //! - Virtual ranks (more ranks than GPUs) are safe for the kernels that wait on each other:
 //!   dispatch and combine of every rank on a GPU are sized to be resident at once (at most the
 //!   GPU's SMs over its ranks, one block per SM each), and the GEMMs wait on nobody
@@ -19,6 +21,7 @@
 //!   kernels), built on `<megamoe_gemm/...>` and compiled per configuration by megamoe-cuda's
 //!   JIT ([`kernel::kernel_specs`]).
 pub mod bench;
+pub mod device_io;
 pub mod error;
 pub mod fused;
 pub mod inputs;
@@ -29,6 +32,7 @@ pub mod spec;
 pub mod split;
 pub mod weights;
 
+pub use device_io::{DeviceActivations, DeviceRankTensors, IndexType};
 pub use error::{LayerError, Result};
 pub use fused::{FusedGraph, FusedLayer, FusedStaged};
 pub use layer::MoeLayer;

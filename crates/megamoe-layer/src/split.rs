@@ -29,6 +29,7 @@ use megamoe_gemm::grouped::{check_wait_record, gemm_params, launch_config};
 use megamoe_gemm::heuristics::{choose, GemmConfig, GemmProblem, Layout, OutDtype};
 use megamoe_gemm::{GemmPointers, GroupedGemm};
 
+use crate::device_io::DeviceActivations;
 use crate::error::{LayerError, Result};
 use crate::inputs::append_staged;
 use crate::kernel::{l1_config, l1_problem, split_l1_spec, SplitL1Params, SwigluQuant};
@@ -42,6 +43,8 @@ pub enum Activations<'a> {
     Bf16(&'a [bf16]),
     /// Already quantized: e4m3 `[T, H]` and f32 scales `[T, H/128]`.
     Fp8 { data: &'a [u8], scales: &'a [f32] },
+    /// Either of the above on the rank's GPU (a framework's tensors), copied device to device.
+    Device(DeviceActivations),
 }
 
 /// One rank's inputs for one call (SPEC §2); T is `topk_idx.len() / K`.
@@ -260,11 +263,21 @@ impl SplitLayer {
         inputs: &[RankInput],
         num_tokens_bound: Option<usize>,
     ) -> Result<Vec<Vec<bf16>>> {
+        let staged = self.run(inputs, num_tokens_bound)?;
+        self.outputs(&staged)
+    }
+
+    /// [`Self::forward`] up to the outputs, which stay on the device ([`Self::output`]).
+    pub(crate) fn run(
+        &mut self,
+        inputs: &[RankInput],
+        num_tokens_bound: Option<usize>,
+    ) -> Result<Staged> {
         let staged = self.stage(inputs, num_tokens_bound)?;
         self.launch(&staged)?;
         self.finish()?;
         self.count_received()?;
-        self.outputs(&staged)
+        Ok(staged)
     }
 
     /// Cumulative rows received per local expert (index: rank, then local expert), over every
@@ -292,6 +305,15 @@ impl SplitLayer {
                     buf.upload_at(layout.in_rows, data)?;
                     buf.upload_at(layout.in_scales, scales)?;
                     bf16.push(false);
+                }
+                Activations::Device(x) => {
+                    let buf = self.ep.buffer(r);
+                    let places = [
+                        (&self.ranks[r].x_bf16, 0),
+                        (buf, layout.in_rows),
+                        (buf, layout.in_scales),
+                    ];
+                    bf16.push(x.copy_into(places, self.spec.shape.hidden)?);
                 }
             }
         }
@@ -386,14 +408,20 @@ impl SplitLayer {
     /// Downloads the outputs of the last finished call.
     pub fn outputs(&self, staged: &Staged) -> Result<Vec<Vec<bf16>>> {
         let h = self.spec.shape.hidden;
-        let offset = self.ep.io_offset(IoRegion::Y);
         (0..self.spec.ranks)
             .map(|r| {
                 let mut y = vec![bf16::ZERO; staged.tokens[r] * h];
-                self.ep.io(r).download_into(offset, &mut y)?;
+                let (buf, offset) = self.output(r);
+                buf.download_into(offset, &mut y)?;
                 Ok(y)
             })
             .collect()
+    }
+
+    /// Where rank `rank`'s output of the last finished call is: bf16 `[T, H]` from a byte
+    /// offset of a buffer.
+    pub(crate) fn output(&self, rank: usize) -> (&DeviceBuffer, usize) {
+        (self.ep.io(rank), self.ep.io_offset(IoRegion::Y))
     }
 
     /// Every rank's staged inputs as bytes: the input rows and scales, the routing, the bf16
@@ -590,6 +618,7 @@ fn check_input(spec: &LayerSpec, input: &RankInput) -> megamoe_core::Result<usiz
             len("x", data.len(), t * h)?;
             len("x_scales", scales.len(), t * h / 128)?;
         }
+        Activations::Device(x) => len("x", x.tokens() * h, t * h)?,
     }
     len("topk_weights", input.topk_weights.len(), t * k)?;
     check_topk_idx("topk_idx", spec.shape, input.topk_idx)?;

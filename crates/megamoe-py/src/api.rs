@@ -149,7 +149,7 @@ pub fn reference_forward(
 }
 
 /// GPUs visible through the driver, or why none can be used.
-fn gpus() -> std::result::Result<usize, String> {
+pub(crate) fn gpus() -> std::result::Result<usize, String> {
     match megamoe_cuda::device_count() {
         Ok(0) => Err("no CUDA GPU is visible (the driver reports 0 devices)".into()),
         Ok(n) => Ok(n),

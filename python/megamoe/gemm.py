@@ -1,0 +1,63 @@
+"""The FP8 block-scaled grouped GEMM (megamoe-gemm) on torch tensors: out = a · bᵀ per expert,
+e4m3 operands, activation scales per G columns of K (G = 128 or 64), weight scales per
+128 x 128 block, f32 accumulation promoted per scale group (SPEC §3 steps 1 and 4).
+
+Layouts (what megamoe-gemm's kernel reads; the activation scales are K-group-major):
+- contiguous: ``a`` [M, K] rows grouped by expert, each expert's segment padded with zero rows
+  to a multiple of ``pad``; ``a_scales`` [K/G, M] (padding rows' scales 0); ``expert_rows``
+  int32 [E] the padded segment sizes; ``out`` [M, N] (every row written, padding rows 0).
+- masked: ``a`` [E, max_m, K]; ``a_scales`` [E, K/G, max_m]; ``expert_rows`` int32 [E] each
+  expert's valid rows; ``out`` [E, max_m, N] (only valid rows written).
+- both: ``b`` float8_e4m3fn [E, N, K], ``b_scales`` float32 [E, N/128, K/128], ``out`` bfloat16
+  or float32; N and K multiples of 128.
+
+Each call runs on the caller's current stream of the tensors' device, reads ``expert_rows`` back
+to the host to check it (E values), prepares the launch (tensor maps, module load: for timing,
+use the Rust API) and returns once ``out`` is written.
+"""
+
+from . import _megamoe
+from ._tensors import address, stream, torch
+
+
+def _call(a, a_scales, b, b_scales, expert_rows, out, pad, masked):
+    """Checks the operands of either layout, then runs the GEMM."""
+    th = torch()
+    if not isinstance(b, th.Tensor) or b.dim() != 3 or not b.is_cuda:
+        raise ValueError("b: expected a float8_e4m3fn CUDA tensor [E, N, K]")
+    (e, n, k), device = b.shape, b.device.index
+    dims = 3 if masked else 2
+    for name, t in (("a", a), ("a_scales", a_scales)):
+        if not isinstance(t, th.Tensor) or t.dim() != dims:
+            raise ValueError(f"{name}: expected a tensor of {dims} dimensions")
+    if masked:
+        rows, kg = a.shape[1], a_scales.shape[1]  # max_m, K/G
+        shapes = (e, rows, k), (e, kg, rows), (e, rows, n)
+    else:
+        rows, kg = a.shape[0], a_scales.shape[0]  # M, K/G
+        shapes = (rows, k), (kg, rows), (rows, n)
+    if kg == 0 or k % kg or k // kg not in (64, 128):
+        raise ValueError(f"a_scales: {kg} scale groups over K = {k} are not groups of 128 or 64 columns")
+    ptrs = (
+        address("a", a, th.float8_e4m3fn, shapes[0], device),
+        address("a_scales", a_scales, th.float32, shapes[1], device),
+        address("b", b, th.float8_e4m3fn, (e, n, k), device),
+        address("b_scales", b_scales, th.float32, (e, n // 128, k // 128), device),
+        address("expert_rows", expert_rows, th.int32, (e,), device),
+        address("out", out, (th.bfloat16, th.float32), shapes[2], device),
+    )
+    layout = (None, rows) if masked else (pad, None)  # (pad, max_m)
+    _megamoe.grouped_gemm(e, n, k, k // kg, 0 if masked else rows, *layout,
+                          out.dtype == th.float32, *ptrs, device, stream(device))
+
+
+def grouped_gemm_fp8_contiguous(a, a_scales, b, b_scales, expert_rows, out, pad=128):
+    """out = a · bᵀ per expert segment, in the contiguous layout (module docstring); ``pad``
+    (64 or 128) the multiple every segment is padded to."""
+    _call(a, a_scales, b, b_scales, expert_rows, out, pad, masked=False)
+
+
+def grouped_gemm_fp8_masked(a, a_scales, b, b_scales, expert_rows, out):
+    """out = a · bᵀ per expert, the first ``expert_rows[e]`` rows of each, in the masked layout
+    (module docstring)."""
+    _call(a, a_scales, b, b_scales, expert_rows, out, None, masked=True)

@@ -7,6 +7,7 @@
 //! Errors: [`error::Error`], a `ValueError` for bad input, a `RuntimeError` for the device.
 
 pub mod api;
+pub mod ep;
 pub mod error;
 // Left out of the unit tests, which then need no libpython to run.
 #[cfg(not(test))]

@@ -22,9 +22,15 @@ values dequantized to bf16 (the e4m3 codes and scales, for FP8 GEMMs, are in
 gradients, as if the quantization were the identity.
 
 The calls run on the ranks' own streams, ordered after each rank's device's current torch
-stream and back, so they compose with the caller's stream; they block until the output sizes
-are known. Errors: ``ValueError`` naming the argument for bad input (nothing is written before
-the checks pass), ``RuntimeError`` when no GPU can be used or the device fails.
+stream and back, so they compose with the caller's stream. By default they block until the
+output sizes are known. With ``num_rows_bound`` the dispatch (and the combine and backwards of
+its handle) does not wait: outputs have ``num_rows_bound`` rows per rank (those past the
+dispatch's own are left as they were), ``tokens_per_expert`` stays on the device, and the calls
+can be captured in a CUDA graph (dispatch into a ``handle`` from ``Buffer.new_handle()``, made
+before the capture); an overflow of the bound, or any other failure, is raised by the next
+``Buffer.sync()``, and no rows are moved then. Errors: ``ValueError`` naming the argument for bad
+input (nothing is written before the checks pass), ``RuntimeError`` when no GPU can be used or
+the device fails.
 """
 
 import ctypes
@@ -79,16 +85,34 @@ class Buffer:
         """Each rank's device's current torch stream, as the native calls take them."""
         return [torch.cuda.current_stream(self.device(r)).cuda_stream for r in range(self.num_ranks)]
 
+    def new_handle(self) -> "Handle":
+        """A routing state to dispatch into; allocates device memory, so make it before
+        capturing a graph."""
+        return Handle(self.world.new_handle())
+
+    def sync(self) -> None:
+        """Waits for every rank's calls (and the current streams, where replayed graphs run) and
+        raises the first failure of the non-blocking ones."""
+        self.world.sync(self.streams())
+
 
 class Handle:
-    """A dispatch's routing state, reused by its combine and both backwards."""
+    """A dispatch's routing state on every rank, reused by its combine and both backwards;
+    every dispatch into it refills it (so the backward of an earlier dispatch into it is then
+    wrong: reuse a handle only where its graph is replayed or no backward is pending)."""
 
-    def __init__(self, native, order: str):
+    def __init__(self, native):
         self.native = native
-        self.order = order
-        self.num_tokens: List[int] = native.num_tokens
-        self.num_rows: List[int] = native.num_rows
-        self.tokens_per_expert: List[List[int]] = native.tokens_per_expert
+        self.order = "per_rank"
+
+    @property
+    def num_tokens(self) -> List[int]:
+        return self.native.num_tokens
+
+    @property
+    def num_rows(self) -> List[int]:
+        """Rows per rank: exact after a blocking dispatch, the bound after a non-blocking one."""
+        return self.native.num_rows
 
 
 class Dispatched(NamedTuple):
@@ -96,8 +120,9 @@ class Dispatched(NamedTuple):
     """Per rank, bf16 ``[rows_r, H]``: the received rows (dequantized on FP8 buffers)."""
     probs: List[torch.Tensor]
     """Per rank, f32 ``[rows_r]``: each row's router weight (0 on padding)."""
-    tokens_per_expert: List[List[int]]
-    """Per rank, the padded rows of each local expert."""
+    tokens_per_expert: list
+    """Per rank, the padded rows of each local expert: a list of ints, or after a non-blocking
+    dispatch an int32 tensor on the rank's GPU."""
     handle: Handle
     fp8: Optional[List[Tuple[torch.Tensor, torch.Tensor]]]
     """FP8 buffers: per rank the e4m3 codes ``[rows_r, H]`` and f32 scales ``[rows_r, H/128]``."""
@@ -142,7 +167,7 @@ class _Dispatch(torch.autograd.Function):
     probs (R)."""
 
     @staticmethod
-    def forward(ctx, buffer, box, topk_idx, pad_multiple, order, *tensors):
+    def forward(ctx, buffer, box, topk_idx, pad_multiple, order, num_rows_bound, *tensors):
         r = buffer.num_ranks
         x, probs = list(tensors[:r]), list(tensors[r:])
         fp8 = buffer.dtype == "fp8"
@@ -152,18 +177,25 @@ class _Dispatch(torch.autograd.Function):
             x = [c for c, _ in quantized]
             scales = [s for _, s in quantized]
         streams = buffer.streams()
-        native = buffer.world.dispatch(x, scales, topk_idx, probs, pad_multiple, streams)
+        handle = box.handle
+        buffer.world.dispatch(handle.native, x, scales, topk_idx, probs, pad_multiple, num_rows_bound, streams)
+        handle.order = order
         h = buffer.hidden
-        n = native.num_rows
+        n = handle.num_rows
         rows = [_empty(buffer, i, (n[i], h), torch.float8_e4m3fn if fp8 else torch.bfloat16) for i in range(r)]
         row_scales = [_empty(buffer, i, (n[i], h // 128), torch.float32) for i in range(r)] if fp8 else None
         row_probs = [_empty(buffer, i, (n[i],), torch.float32) for i in range(r)]
-        buffer.world.read_dispatch(native, rows, row_scales, row_probs, streams)
-        box.handle = Handle(native, order)
+        local = buffer.num_experts // r
+        box.tokens_per_expert = handle.native.tokens_per_expert
+        counts = None
+        if box.tokens_per_expert is None:
+            counts = [_empty(buffer, i, (local,), torch.int32) for i in range(r)]
+            box.tokens_per_expert = counts
+        buffer.world.read_dispatch(handle.native, rows, row_scales, row_probs, counts, streams)
         if fp8:
             box.fp8 = list(zip(rows, row_scales))
             rows = [dequantize_fp8(c, s) for c, s in box.fp8]
-        ctx.buffer, ctx.handle = buffer, box.handle
+        ctx.buffer, ctx.handle = buffer, handle
         return (*rows, *row_probs)
 
     @staticmethod
@@ -187,7 +219,7 @@ class _Dispatch(torch.autograd.Function):
         buffer.world.combine(
             handle.native, grad_rows, handle.order, grad_x, buffer.streams(), prob_grads, grad_probs
         )
-        return (None, None, None, None, None, *grad_x, *grad_probs)
+        return (None, None, None, None, None, None, *grad_x, *grad_probs)
 
 
 class _Combine(torch.autograd.Function):
@@ -217,10 +249,12 @@ class _Combine(torch.autograd.Function):
 
 
 class _Box:
-    """What the dispatch's forward hands back besides tensors."""
+    """What the dispatch's forward takes and hands back besides tensors."""
 
-    handle: Optional[Handle] = None
-    fp8: Optional[List[Tuple[torch.Tensor, torch.Tensor]]] = None
+    def __init__(self, handle: Handle):
+        self.handle = handle
+        self.tokens_per_expert = None
+        self.fp8: Optional[List[Tuple[torch.Tensor, torch.Tensor]]] = None
 
 
 def dispatch_with_permute(
@@ -230,21 +264,25 @@ def dispatch_with_permute(
     probs,
     pad_multiple: int = 1,
     order: str = "per_rank",
+    num_rows_bound: Optional[int] = None,
+    handle: Optional[Handle] = None,
 ) -> Dispatched:
     """Dispatches every rank's tokens to their experts' ranks (see the module's docstring).
 
     Per rank: ``x`` bf16 ``[T_r, H]``, ``topk_idx`` ``[T_r, K]`` integer expert ids (-1 masks a
     slot; int64 is converted), ``probs`` f32 ``[T_r, K]``; lists with one tensor per rank (a
     tensor alone when the buffer has one rank). ``order``: how the backward combines the row
-    gradients. Differentiable in ``x`` and ``probs``."""
+    gradients. ``num_rows_bound``: the non-blocking mode (see the module's docstring);
+    ``handle``: the routing state to refill (a new one by default). Differentiable in ``x`` and
+    ``probs``."""
     order = _order(order)
     x = _per_rank(buffer, "x", x)
     probs = _per_rank(buffer, "probs", probs)
     idx = [t.to(torch.int32).contiguous() if t.dtype == torch.int64 else t for t in _per_rank(buffer, "topk_idx", topk_idx)]
-    box = _Box()
-    out = _Dispatch.apply(buffer, box, idx, pad_multiple, order, *x, *probs)
+    box = _Box(buffer.new_handle() if handle is None else handle)
+    out = _Dispatch.apply(buffer, box, idx, pad_multiple, order, num_rows_bound, *x, *probs)
     r = buffer.num_ranks
-    return Dispatched(list(out[:r]), list(out[r:]), box.handle.tokens_per_expert, box.handle, box.fp8)
+    return Dispatched(list(out[:r]), list(out[r:]), box.tokens_per_expert, box.handle, box.fp8)
 
 
 def combine_with_unpermute(

@@ -1,8 +1,8 @@
 """megamoe.ep on a GPU: dispatch / combine and both backwards through the autograd wrappers,
 bit for bit against megamoe-core's CPU reference, on 1, 2, 4 and 8 ranks (virtual ranks share
 the GPU), BF16 and FP8, both combine orders, uniform / skewed / masked routing; gradients
-against PyTorch autograd of the same math; the MoE block example; the CUDA IPC exchange between
-two processes. Skipped without torch or without a CUDA GPU."""
+against PyTorch autograd of the same math; the MoE block example; the non-blocking mode in a
+captured CUDA graph; the CUDA IPC exchange between two processes. Skipped without torch or without a CUDA GPU."""
 
 import ctypes
 import os
@@ -206,6 +206,55 @@ def test_bad_arguments_are_value_errors_naming_the_argument():
     other = buffer(2, "fp8")
     with pytest.raises(ValueError, match="handle"):
         ep.combine_with_unpermute(other, d.rows, d.handle)
+
+
+def _graph_inputs(ranks, seed, dev):
+    g = torch.Generator().manual_seed(seed)
+    route = routing(ranks, "masked", seed)
+    x = [torch.randn(TOKENS, HIDDEN, generator=g).to(torch.bfloat16).to(dev) for _ in range(ranks)]
+    return x, [i.to(torch.int32).to(dev) for i, _ in route], [p.to(dev) for _, p in route]
+
+
+def test_graph_mode_replays_a_captured_dispatch_and_combine_on_new_inputs():
+    ranks, pad = 2, 16
+    b = buffer(ranks, "bf16")
+    dev = b.device(0)
+    # Every slot of every token on one rank, plus the worst padding: the buffer's own bound.
+    bound = ranks * TOKENS * TOPK + (EXPERTS // ranks) * (pad - 1)
+    x, idx, probs = _graph_inputs(ranks, 11, dev)
+    handle = b.new_handle()
+    with torch.no_grad():
+        # Warm-up outside the capture (kernel attributes are set on first launch).
+        ep.dispatch_with_permute(b, x, idx, probs, pad, num_rows_bound=bound, handle=handle)
+        b.sync()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            d = ep.dispatch_with_permute(b, x, idx, probs, pad, num_rows_bound=bound, handle=handle)
+            y = ep.combine_with_unpermute(b, d.rows, d.handle)
+        for seed in (12, 13):
+            for static, new in zip((x, idx, probs), _graph_inputs(ranks, seed, dev)):
+                for a, c in zip(static, new):
+                    a.copy_(c)
+            graph.replay()
+            b.sync()
+            want = ep.dispatch_with_permute(b, x, idx, probs, pad)
+            want_y = ep.combine_with_unpermute(b, want.rows, want.handle)
+            for r in range(ranks):
+                assert d.tokens_per_expert[r].tolist() == want.tokens_per_expert[r]
+                n = want.handle.num_rows[r]
+                assert torch.equal(bits(d.rows[r][:n]), bits(want.rows[r])), f"replay {seed}: rows[{r}]"
+                assert torch.equal(bits(d.probs[r][:n]), bits(want.probs[r])), f"replay {seed}: probs[{r}]"
+            same_bits(f"replay {seed}: combined y", y, want_y)
+
+
+def test_graph_mode_overflow_is_raised_by_the_next_sync():
+    b = buffer(2, "bf16")
+    x, idx, probs = _graph_inputs(2, 14, b.device(0))
+    ep.dispatch_with_permute(b, x, idx, probs, 16, num_rows_bound=100)
+    with pytest.raises(ValueError, match="num_rows_bound: rank .* needs .* rows, the bound is 100"):
+        b.sync()
+    d = ep.dispatch_with_permute(b, x, idx, probs, 16)
+    assert sum(d.handle.num_rows) == sum(sum(t) for t in d.tokens_per_expert)
 
 
 def _ipc_worker(rank, world_size, init_file):

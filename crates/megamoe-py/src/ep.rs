@@ -30,6 +30,14 @@ impl From<EpError> for Error {
                 let inner = Error::from(source);
                 Error::Value(format!("rank {rank}: {}", inner.message()))
             }
+            EpError::Overflow {
+                rank,
+                needed,
+                bound,
+            } => Error::Value(format!(
+                "num_rows_bound: rank {rank}'s dispatch needs {needed} rows, the bound is \
+                 {bound}; no rows were moved"
+            )),
             other => Error::Runtime(other.to_string()),
         }
     }
@@ -178,14 +186,32 @@ impl WorldArgs<'_> {
     }
 }
 
-/// A dispatch's routing state on every rank, reused by its combine and both backwards.
+/// A dispatch's routing state on every rank, reused by its combine and both backwards;
+/// allocated once ([`World::new_dispatch`]) and refilled by every [`World::dispatch`] into it,
+/// so that a captured graph replays on the same one.
 pub struct Dispatch {
     handle: Handle,
     /// The world that made it ([`World::id`]).
     world: usize,
     pub tokens: Vec<usize>,
+    /// Rows per rank: exact after a blocking dispatch, the caller's bound after a non-blocking
+    /// one (the rows past the dispatch's own are then left as they were).
     pub rows: Vec<usize>,
-    pub tokens_per_expert: Vec<Vec<u32>>,
+    /// Padded rows per local expert of every rank; None after a non-blocking dispatch (they
+    /// stay on the device: [`World::read_dispatch`] copies them out).
+    pub tokens_per_expert: Option<Vec<Vec<u32>>>,
+}
+
+impl Dispatch {
+    /// The sync mode the dispatch ran with, which its combine and backwards keep.
+    fn mode(&self) -> SyncMode {
+        match self.tokens_per_expert {
+            Some(_) => SyncMode::Blocking,
+            None => SyncMode::NonBlocking {
+                row_bound: self.rows.first().copied().unwrap_or(0),
+            },
+        }
+    }
 }
 
 /// One process's world of ranks (virtual ranks where they outnumber the GPUs).
@@ -236,6 +262,15 @@ impl World {
         Ok(())
     }
 
+    /// As [`Self::check_dispatch`], for calls that use what a dispatch left in it.
+    fn check_filled(&self, d: &Dispatch) -> Result<()> {
+        self.check_dispatch(d)?;
+        if d.rows.len() != self.ep.ranks() {
+            return Err(Error::Value("handle: no dispatch has filled it yet".into()));
+        }
+        Ok(())
+    }
+
     /// Runs `body` with every rank's stream ordered after `streams[rank]` (the caller's
     /// current stream on that rank's device), and the caller's streams ordered after it.
     fn on_streams(&self, streams: &[u64], body: impl FnOnce() -> Result<()>) -> Result<()> {
@@ -265,19 +300,56 @@ impl World {
         Ok(())
     }
 
-    /// dispatch_with_permute (blocking): `x[r]` `[T_r, H]` (bf16, or e4m3 with `x_scales[r]`
-    /// `[T_r, H/128]` f32), `topk_idx[r]` i32 and `probs[r]` f32 `[T_r, K]`. Returns the
-    /// routing state; [`Self::read_dispatch`] then copies the rows out.
+    /// A routing state for [`Self::dispatch`] (device memory: allocate it before capturing).
+    pub fn new_dispatch(&self) -> Result<Dispatch> {
+        Ok(Dispatch {
+            handle: self.ep.new_handle()?,
+            world: self.id,
+            tokens: vec![],
+            rows: vec![],
+            tokens_per_expert: Some(vec![]),
+        })
+    }
+
+    /// Reports the first failure of the non-blocking calls since the last sync (an overflow of
+    /// the row bound, bad routing, a wait past its deadline), after waiting for them and for
+    /// what the caller's `streams` hold (a replayed graph runs there, not on the ranks' streams).
+    pub fn sync(&self, streams: &[u64]) -> Result<()> {
+        self.on_streams(streams, || Ok(self.ep.sync()?))
+    }
+
+    /// dispatch_with_permute into `d`: `x[r]` `[T_r, H]` (bf16, or e4m3 with `x_scales[r]`
+    /// `[T_r, H/128]` f32), `topk_idx[r]` i32 and `probs[r]` f32 `[T_r, K]`. Blocking without
+    /// `row_bound` (the sizes are then known); with it, non-blocking and capturable: every rank's
+    /// rows must fit the bound, and a failure is reported by the next [`Self::sync`].
+    /// [`Self::read_dispatch`] then copies the rows out.
+    #[allow(clippy::too_many_arguments)]
     pub fn dispatch(
         &self,
+        d: &mut Dispatch,
         x: &[TensorArg],
         x_scales: &[TensorArg],
         topk_idx: &[TensorArg],
         probs: &[TensorArg],
         pad_multiple: i64,
+        row_bound: Option<i64>,
         streams: &[u64],
-    ) -> Result<Dispatch> {
+    ) -> Result<()> {
+        self.check_dispatch(d)?;
         let s = self.spec();
+        let mode = match row_bound {
+            None => SyncMode::Blocking,
+            Some(b) => {
+                let b = count("num_rows_bound", b)?;
+                if b > s.max_rows() {
+                    return Err(Error::Value(format!(
+                        "num_rows_bound: {b} exceeds the buffer's {} rows",
+                        s.max_rows()
+                    )));
+                }
+                SyncMode::NonBlocking { row_bound: b }
+            }
+        };
         let (h, k, ranks) = (s.hidden, s.topk, s.ranks);
         let dtype = self.dtype();
         let x = per_rank("x", x, ranks)?;
@@ -320,7 +392,8 @@ impl World {
             probs[r].check(&format!("probs[{r}]"), &[F32], &[Some(t), Some(k)], dev)?;
             tokens.push(t);
         }
-        let mut handle = self.ep.new_handle()?;
+        // Unfilled until the dispatch succeeds: a failed one leaves nothing to combine.
+        d.rows.clear();
         let mut sizes = None;
         self.on_streams(streams, || {
             for r in 0..ranks {
@@ -333,35 +406,41 @@ impl World {
                 self.copy(r, p.topk_idx, idx[r].ptr, t * k * 4)?;
                 self.copy(r, p.probs, probs[r].ptr, t * k * 4)?;
             }
-            sizes = self.ep.dispatch_with_permute(
-                &tokens,
-                pad_multiple,
-                SyncMode::Blocking,
-                &mut handle,
-            )?;
+            sizes = self
+                .ep
+                .dispatch_with_permute(&tokens, pad_multiple, mode, &mut d.handle)?;
             Ok(())
         })?;
-        let sizes = sizes.expect("a blocking dispatch reports its sizes");
-        Ok(Dispatch {
-            handle,
-            world: self.id,
-            tokens,
-            rows: sizes.iter().map(|d| d.rows).collect(),
-            tokens_per_expert: sizes.into_iter().map(|d| d.tokens_per_expert).collect(),
-        })
+        d.tokens = tokens;
+        match (sizes, mode) {
+            (Some(sizes), _) => {
+                d.rows = sizes.iter().map(|d| d.rows).collect();
+                d.tokens_per_expert =
+                    Some(sizes.into_iter().map(|d| d.tokens_per_expert).collect());
+            }
+            (None, SyncMode::NonBlocking { row_bound }) => {
+                d.rows = vec![row_bound; ranks];
+                d.tokens_per_expert = None;
+            }
+            (None, SyncMode::Blocking) => unreachable!("a blocking dispatch reports its sizes"),
+        }
+        Ok(())
     }
 
     /// Copies the rows of the last dispatch (`d`) out: `rows[r]` `[rows_r, H]` (the buffer's
-    /// dtype), `scales[r]` `[rows_r, H/128]` f32 (fp8), `probs[r]` `[rows_r]` f32.
+    /// dtype), `scales[r]` `[rows_r, H/128]` f32 (fp8), `probs[r]` `[rows_r]` f32, and, when
+    /// given, `tokens_per_expert[r]` i32 `[E_l]` (the padded rows of each local expert).
+    #[allow(clippy::too_many_arguments)]
     pub fn read_dispatch(
         &self,
         d: &Dispatch,
         rows: &[TensorArg],
         scales: &[TensorArg],
         probs: &[TensorArg],
+        tokens_per_expert: &[TensorArg],
         streams: &[u64],
     ) -> Result<()> {
-        self.check_dispatch(d)?;
+        self.check_filled(d)?;
         let s = self.spec();
         let (h, ranks, dtype) = (s.hidden, s.ranks, self.dtype());
         let rows = per_rank("rows", rows, ranks)?;
@@ -370,8 +449,21 @@ impl World {
             RowDtype::Fp8 => per_rank("scales", scales, ranks)?,
             RowDtype::Bf16 => scales,
         };
+        let counts = match tokens_per_expert.is_empty() {
+            true => tokens_per_expert,
+            false => per_rank("tokens_per_expert", tokens_per_expert, ranks)?,
+        };
+        let local = s.local_experts();
         for r in 0..ranks {
             let (dev, n) = (self.device(r), d.rows[r]);
+            if let Some(c) = counts.get(r) {
+                c.check(
+                    &format!("tokens_per_expert[{r}]"),
+                    &[I32],
+                    &[Some(local)],
+                    dev,
+                )?;
+            }
             let row_dtypes: &[&str] = match dtype {
                 RowDtype::Bf16 => &[BF16],
                 RowDtype::Fp8 => &FP8,
@@ -395,6 +487,10 @@ impl World {
                     self.copy(r, scales[r].ptr, p.out_scales, n * (h / 128) * 4)?;
                 }
                 self.copy(r, probs[r].ptr, p.out_probs, n * 4)?;
+                if let Some(c) = counts.get(r) {
+                    let padded = self.ep.handle_ptrs(&d.handle, r).padded;
+                    self.copy(r, c.ptr, padded, local * 4)?;
+                }
             }
             Ok(())
         })
@@ -413,7 +509,7 @@ impl World {
         y: &[TensorArg],
         streams: &[u64],
     ) -> Result<()> {
-        self.check_dispatch(d)?;
+        self.check_filled(d)?;
         let order = combine_order(order)?;
         let s = self.spec();
         let (h, k, ranks) = (s.hidden, s.topk, s.ranks);
@@ -449,7 +545,7 @@ impl World {
                 }
             }
             self.ep
-                .combine(&d.handle, grads.is_some(), order, SyncMode::Blocking)?;
+                .combine(&d.handle, grads.is_some(), order, d.mode())?;
             for r in 0..ranks {
                 let (p, t) = (self.ep.ptrs(r), d.tokens[r]);
                 self.copy(r, y[r].ptr, p.y, t * h * 2)?;
@@ -470,7 +566,7 @@ impl World {
         grad_rows: &[TensorArg],
         streams: &[u64],
     ) -> Result<()> {
-        self.check_dispatch(d)?;
+        self.check_filled(d)?;
         let s = self.spec();
         let (h, ranks) = (s.hidden, s.ranks);
         let grad_y = per_rank("grad_y", grad_y, ranks)?;
@@ -489,7 +585,7 @@ impl World {
             for (r, g) in grad_y.iter().enumerate() {
                 self.copy(r, self.ep.ptrs(r).x, g.ptr, d.tokens[r] * h * 2)?;
             }
-            self.ep.combine_backward(&d.handle, SyncMode::Blocking)?;
+            self.ep.combine_backward(&d.handle, d.mode())?;
             for (r, g) in grad_rows.iter().enumerate() {
                 self.copy(r, g.ptr, self.ep.ptrs(r).out_rows, d.rows[r] * h * 2)?;
             }
@@ -1020,8 +1116,9 @@ pub mod py {
         fn num_rows(&self) -> Vec<usize> {
             self.d.rows.clone()
         }
+        /// None after a non-blocking dispatch (the counts stay on the device).
         #[getter]
-        fn tokens_per_expert(&self) -> Vec<Vec<u32>> {
+        fn tokens_per_expert(&self) -> Option<Vec<Vec<u32>>> {
             self.d.tokens_per_expert.clone()
         }
     }
@@ -1089,28 +1186,44 @@ pub mod py {
             Ok(self.world.context_handle(rank)?)
         }
 
-        #[pyo3(signature = (x, x_scales, topk_idx, probs, pad_multiple, streams))]
+        /// A routing state to dispatch into (allocates: do it before capturing a graph).
+        fn new_handle(&self) -> PyResult<PyDispatch> {
+            Ok(PyDispatch {
+                d: self.world.new_dispatch()?,
+            })
+        }
+
+        /// Waits for the calls (and the caller's `streams`), then raises the first failure of
+        /// the non-blocking ones.
+        fn sync(&self, py: Python<'_>, streams: Vec<u64>) -> PyResult<()> {
+            Ok(py.detach(|| self.world.sync(&streams))?)
+        }
+
+        #[pyo3(signature = (handle, x, x_scales, topk_idx, probs, pad_multiple, num_rows_bound, streams))]
         #[allow(clippy::too_many_arguments)]
         fn dispatch(
             &self,
             py: Python<'_>,
+            mut handle: PyRefMut<'_, PyDispatch>,
             x: &Bound<'_, PyAny>,
             x_scales: Option<&Bound<'_, PyAny>>,
             topk_idx: &Bound<'_, PyAny>,
             probs: &Bound<'_, PyAny>,
             pad_multiple: i64,
+            num_rows_bound: Option<i64>,
             streams: Vec<u64>,
-        ) -> PyResult<PyDispatch> {
+        ) -> PyResult<()> {
             let (x, xs) = (tensors("x", x)?, optional("x_scales", x_scales)?);
             let (idx, p) = (tensors("topk_idx", topk_idx)?, tensors("probs", probs)?);
-            let d = py.detach(|| {
+            let d = &mut handle.d;
+            Ok(py.detach(|| {
                 self.world
-                    .dispatch(&x, &xs, &idx, &p, pad_multiple, &streams)
-            })?;
-            Ok(PyDispatch { d })
+                    .dispatch(d, &x, &xs, &idx, &p, pad_multiple, num_rows_bound, &streams)
+            })?)
         }
 
-        #[pyo3(signature = (handle, rows, scales, probs, streams))]
+        #[pyo3(signature = (handle, rows, scales, probs, tokens_per_expert, streams))]
+        #[allow(clippy::too_many_arguments)]
         fn read_dispatch(
             &self,
             py: Python<'_>,
@@ -1118,14 +1231,16 @@ pub mod py {
             rows: &Bound<'_, PyAny>,
             scales: Option<&Bound<'_, PyAny>>,
             probs: &Bound<'_, PyAny>,
+            tokens_per_expert: Option<&Bound<'_, PyAny>>,
             streams: Vec<u64>,
         ) -> PyResult<()> {
             let (rows, scales) = (tensors("rows", rows)?, optional("scales", scales)?);
             let probs = tensors("probs", probs)?;
+            let counts = optional("tokens_per_expert", tokens_per_expert)?;
             let d = &handle.d;
             Ok(py.detach(|| {
                 self.world
-                    .read_dispatch(d, &rows, &scales, &probs, &streams)
+                    .read_dispatch(d, &rows, &scales, &probs, &counts, &streams)
             })?)
         }
 

@@ -5,8 +5,8 @@
 checked, forward and backward, against a pure-PyTorch implementation of the same block
 (`reference_block`: each expert's MLP on the tokens routed to it, weighted and summed in f32).
 
-The world is one process's: `--ranks` ranks on the visible GPUs (virtual ranks when they
-outnumber the GPUs), each with its own tokens, `num_experts / ranks` experts per rank.
+The world is one process's: `--ranks` ranks, each with its own tokens and `num_experts / ranks`
+experts, all on one GPU (virtual ranks; the experts' weights live on rank 0's GPU).
 
 Tolerances (diff = Σ(a−b)² / Σ(a²+b²), SPEC §3's measure): both blocks run the same bf16 ops on
 the same bf16 inputs and weights; they differ only in how rows are grouped (cuBLAS may pick

@@ -4,7 +4,9 @@ Without a GPU: the size query (``get_symm_buffer_size``), the presets, the GPU p
 (``gpu_available``, ``info``), the CPU reference of the layer on a generated batch
 (``reference_forward``). On a GPU, with PyTorch tensors: the layer (``MoELayer``, built by
 ``get_symm_buffer_for_mega_moe``) and the FP8 grouped GEMM (``grouped_gemm_fp8_contiguous``,
-``grouped_gemm_fp8_masked``); ``megamoe.torch_reference`` is SPEC §3 in plain PyTorch.
+``grouped_gemm_fp8_masked``); ``megamoe.torch_reference`` is SPEC §3 in plain PyTorch;
+``megamoe.ep`` (needs torch) has dispatch/combine with autograd and the symmetric memory of one
+process per GPU.
 
 Errors: ``ValueError`` for a bad argument (the message names it), ``RuntimeError`` when no CUDA
 GPU can be used or the device fails.
@@ -20,6 +22,19 @@ from ._megamoe import (
 )
 from .gemm import grouped_gemm_fp8_contiguous, grouped_gemm_fp8_masked
 from .layer import MoELayer, get_symm_buffer_for_mega_moe
+
+# Dispatch / combine and symmetric memory take torch tensors: megamoe.ep imports torch, on first
+# use of one of these names, so that the package itself imports without torch.
+_EP = ("Buffer", "dispatch_with_permute", "combine_with_unpermute", "SymmetricMemory")
+
+
+def __getattr__(name):
+    if name in _EP:
+        from . import ep
+
+        return getattr(ep, name)
+    raise AttributeError(f"module 'megamoe' has no attribute {name!r}")
+
 
 __all__ = [
     "MoELayer",

@@ -60,6 +60,7 @@
 pub mod bench;
 pub mod device;
 pub mod error;
+pub mod interop;
 pub mod jit;
 pub mod kernels;
 pub mod nvrtc;

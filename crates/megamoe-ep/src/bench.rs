@@ -12,11 +12,12 @@ use megamoe_core::routing::generate_world;
 use crate::baseline::NcclBaseline;
 use crate::error::EpError;
 use crate::layout::{BufferSpec, RowDtype};
+use crate::params::CombineOrder;
 use crate::selftest::Routing;
 use crate::world::{EpConfig, EpWorld, Handle, Rows, SyncMode};
 
 /// What is benchmarked: the layer's shape, the world and the routing.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct BenchSetup {
     pub shape: Shape,
     pub ranks: usize,
@@ -25,6 +26,8 @@ pub struct BenchSetup {
     pub dtype: RowDtype,
     pub pad_multiple: usize,
     pub routing: Routing,
+    /// The combine orders measured (each a combine arm and a dispatch-backward arm).
+    pub combine_orders: Vec<CombineOrder>,
 }
 
 /// The world with its inputs uploaded, the NCCL baseline, and the bytes every arm moves.
@@ -45,10 +48,22 @@ pub struct DispatchBench {
     bf16_rows: Traffic,
 }
 
+/// What one arm calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Call {
+    Dispatch,
+    Combine(CombineOrder),
+    CombineBackward,
+    DispatchBackward(CombineOrder),
+    DispatchAlone,
+    Nccl { permute: bool },
+}
+
 /// Times of one arm at one SM count.
 #[derive(Clone, Debug)]
 pub struct ArmTimes {
-    pub name: &'static str,
+    pub name: String,
+    call: Call,
     pub nvlink_bytes: f64,
     pub hbm_bytes: f64,
     /// Per-round medians, µs.
@@ -76,9 +91,9 @@ impl ArmTimes {
 }
 
 /// One arm's time over another's, per round.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Ratio {
-    pub name: &'static str,
+    pub name: String,
     pub median: f64,
     pub min: f64,
     pub max: f64,
@@ -100,7 +115,8 @@ impl DispatchBench {
             dtype,
             pad_multiple,
             routing,
-        } = setup;
+            ..
+        } = setup.clone();
         let spec = BufferSpec::for_shape(ranks, &shape, tokens_per_rank, pad_multiple);
         let world = EpWorld::new(EpConfig::new(spec, dtype))?;
         let generated = generate_world(spec.shape(), ranks, tokens_per_rank, &routing.spec(1))?;
@@ -175,31 +191,49 @@ impl DispatchBench {
             SyncMode::Blocking,
             &mut handle,
         )?;
-        let arm = |name, nvlink_bytes, hbm_bytes| ArmTimes {
+        let arm = |name: String, call, nvlink_bytes, hbm_bytes| ArmTimes {
             name,
+            call,
             nvlink_bytes,
             hbm_bytes,
             rounds: vec![],
         };
-        let mut arms = vec![
-            arm("dispatch_with_permute", t.dispatch_nvlink, t.dispatch_hbm),
-            arm("combine_with_unpermute", t.combine_nvlink, t.combine_hbm),
-            arm(
-                "combine backward (bf16 dispatch)",
-                bf16.dispatch_nvlink,
-                bf16.dispatch_hbm,
-            ),
-            arm(
-                "dispatch backward (combine + prob grads)",
-                t.combine_nvlink,
-                t.combine_hbm,
-            ),
-            arm(
-                "dispatch alone (no permute)",
-                t.dispatch_nvlink,
-                t.unpermuted_hbm,
-            ),
-        ];
+        let mut arms = vec![arm(
+            "dispatch_with_permute".into(),
+            Call::Dispatch,
+            t.dispatch_nvlink,
+            t.dispatch_hbm,
+        )];
+        for &order in &self.setup.combine_orders {
+            let (nvlink, hbm) = match order {
+                CombineOrder::PerRank => (t.per_rank_nvlink, t.per_rank_hbm),
+                _ => (t.combine_nvlink, t.combine_hbm),
+            };
+            arms.push(arm(
+                format!("combine_with_unpermute {}", order.name()),
+                Call::Combine(order),
+                nvlink,
+                hbm,
+            ));
+            arms.push(arm(
+                format!("dispatch backward (combine {} + prob grads)", order.name()),
+                Call::DispatchBackward(order),
+                nvlink,
+                hbm,
+            ));
+        }
+        arms.push(arm(
+            "combine backward (bf16 dispatch)".into(),
+            Call::CombineBackward,
+            bf16.dispatch_nvlink,
+            bf16.dispatch_hbm,
+        ));
+        arms.push(arm(
+            "dispatch alone (no permute)".into(),
+            Call::DispatchAlone,
+            t.dispatch_nvlink,
+            t.unpermuted_hbm,
+        ));
         let baseline = self.baseline.as_ref().ok();
         if let Some(b) = baseline {
             // Each slot's row crosses NVLink separately; HBM: the two permutes read and write
@@ -207,11 +241,17 @@ impl DispatchBench {
             let slot_rows: usize = self.idx.iter().flatten().filter(|&&e| e >= 0).count() / ranks;
             let hbm = (5 * slot_rows * dtype.row_bytes(shape.hidden)) as f64;
             arms.push(arm(
-                "NCCL a2a-v + 2 permutes (Megatron path)",
+                "NCCL a2a-v + 2 permutes (Megatron path)".into(),
+                Call::Nccl { permute: true },
                 b.nvlink_bytes(),
                 hbm,
             ));
-            arms.push(arm("NCCL a2a-v alone", b.nvlink_bytes(), 0.0));
+            arms.push(arm(
+                "NCCL a2a-v alone".into(),
+                Call::Nccl { permute: false },
+                b.nvlink_bytes(),
+                0.0,
+            ));
         }
         let n = arms.len();
         for round in 0..3 {
@@ -220,7 +260,7 @@ impl DispatchBench {
                 let us = time_arm(
                     &self.world,
                     baseline,
-                    a,
+                    arms[a].call,
                     &self.tokens,
                     pad_multiple,
                     &mut handle,
@@ -229,7 +269,8 @@ impl DispatchBench {
                 arms[a].rounds.push(us);
             }
         }
-        let ratio = |name, a: usize, b: usize| {
+        let find = |call| arms.iter().position(|a| a.call == call);
+        let ratio = |name: &str, a: usize, b: usize| {
             let mut q: Vec<f64> = arms[a]
                 .rounds
                 .iter()
@@ -238,15 +279,22 @@ impl DispatchBench {
                 .collect();
             q.sort_by(f64::total_cmp);
             Ratio {
-                name,
+                name: name.into(),
                 median: q[q.len() / 2],
                 min: q[0],
                 max: q[q.len() - 1],
             }
         };
-        let mut ratios = vec![ratio("fused permute / dispatch alone", 0, 4)];
-        if arms.len() > 5 {
-            ratios.push(ratio("NCCL path / dispatch_with_permute", 5, 0));
+        let dispatch = 0;
+        let alone = find(Call::DispatchAlone).expect("always measured");
+        let mut ratios = vec![ratio("fused permute / dispatch alone", dispatch, alone)];
+        let exact = find(Call::Combine(CombineOrder::ExpertId));
+        let per_rank = find(Call::Combine(CombineOrder::PerRank));
+        if let (Some(exact), Some(per_rank)) = (exact, per_rank) {
+            ratios.push(ratio("combine per_rank / exact", per_rank, exact));
+        }
+        if let Some(nccl) = find(Call::Nccl { permute: true }) {
+            ratios.push(ratio("NCCL path / dispatch_with_permute", nccl, dispatch));
         }
         Ok(Measurement { arms, ratios })
     }
@@ -259,64 +307,86 @@ struct Traffic {
     dispatch_hbm: f64,
     combine_nvlink: f64,
     combine_hbm: f64,
+    /// The per_rank combine: one row per (token, remote rank holding a copy) crosses NVLink; the
+    /// owners read their copies and write one sum per (token, rank) with several copies.
+    per_rank_nvlink: f64,
+    per_rank_hbm: f64,
     /// HBM of the dispatch without permute.
     unpermuted_hbm: f64,
 }
 
 /// Dispatch pulls each remote token once per rank it goes to and writes every row (padding
-/// included); combine pulls every remote copy of its tokens' rows.
+/// included); the exact combine pulls every remote copy of its tokens' rows, the per_rank one
+/// one row per remote rank holding copies (the owner reads its copies and writes their sum).
 fn traffic(plan: &PermuteHandle, idx: &[Vec<i32>], hidden: usize, row_bytes: usize) -> Traffic {
     let (r, k) = (plan.num_ranks(), plan.topk);
     let el = plan.experts / r;
-    let (mut dn, mut dh, mut cn, mut ch, mut ah) = (0f64, 0f64, 0f64, 0f64, 0f64);
+    let y_row = hidden * 2;
+    // Copies of each token on each rank.
+    let copies_on = |slots: &[i32], d: usize| {
+        slots
+            .iter()
+            .filter(|&&e| e >= 0 && e as usize / el == d)
+            .count()
+    };
+    let mut most = Traffic {
+        dispatch_nvlink: 0.0,
+        dispatch_hbm: 0.0,
+        combine_nvlink: 0.0,
+        combine_hbm: 0.0,
+        per_rank_nvlink: 0.0,
+        per_rank_hbm: 0.0,
+        unpermuted_hbm: 0.0,
+    };
     for d in 0..r {
         let (mut nvl, mut hbm, mut alone) =
             (0usize, plan.plans[d].output_rows() * row_bytes, 0usize);
-        let (mut cnvl, mut chbm) = (0usize, plan.tokens[d] * hidden * 2);
+        let (mut cnvl, mut chbm) = (0usize, plan.tokens[d] * y_row);
+        let (mut pnvl, mut phbm) = (0usize, plan.tokens[d] * y_row);
         for (s, s_idx) in idx.iter().enumerate() {
             for slots in s_idx.chunks_exact(k).take(plan.tokens[s]) {
-                let here = slots.iter().any(|&e| e >= 0 && e as usize / el == d);
-                if here && s != d {
+                let here = copies_on(slots, d);
+                if here > 0 && s != d {
                     nvl += row_bytes;
                     alone += row_bytes;
-                } else if here {
+                } else if here > 0 {
                     hbm += row_bytes;
                     alone += 2 * row_bytes;
                 }
+                if here > 1 {
+                    phbm += (here + 1) * y_row;
+                }
             }
         }
-        for t in 0..plan.tokens[d] {
-            for &e in &idx[d][t * k..(t + 1) * k] {
-                if e < 0 {
-                    continue;
-                }
-                if e as usize / el == d {
-                    chbm += hidden * 2;
+        for slots in idx[d].chunks_exact(k).take(plan.tokens[d]) {
+            for owner in 0..r {
+                let c = copies_on(slots, owner);
+                if owner == d {
+                    chbm += c * y_row;
+                    phbm += c.min(1) * y_row;
                 } else {
-                    cnvl += hidden * 2;
+                    cnvl += c * y_row;
+                    pnvl += c.min(1) * y_row;
                 }
             }
         }
-        dn = dn.max(nvl as f64);
-        dh = dh.max(hbm as f64);
-        cn = cn.max(cnvl as f64);
-        ch = ch.max(chbm as f64);
-        ah = ah.max(alone as f64);
+        let max = |m: &mut f64, v: usize| *m = m.max(v as f64);
+        max(&mut most.dispatch_nvlink, nvl);
+        max(&mut most.dispatch_hbm, hbm);
+        max(&mut most.combine_nvlink, cnvl);
+        max(&mut most.combine_hbm, chbm);
+        max(&mut most.per_rank_nvlink, pnvl);
+        max(&mut most.per_rank_hbm, phbm);
+        max(&mut most.unpermuted_hbm, alone);
     }
-    Traffic {
-        dispatch_nvlink: dn,
-        dispatch_hbm: dh,
-        combine_nvlink: cn,
-        combine_hbm: ch,
-        unpermuted_hbm: ah,
-    }
+    most
 }
 
 /// Median over `iters` calls of the slowest rank's event time, µs.
 fn time_arm(
     world: &EpWorld,
     baseline: Option<&NcclBaseline>,
-    arm: usize,
+    arm: Call,
     tokens: &[usize],
     pad: usize,
     handle: &mut Handle,
@@ -328,15 +398,14 @@ fn time_arm(
     };
     let call = |h: &mut Handle| -> Result<(), EpError> {
         match arm {
-            0 => world
+            Call::Dispatch => world
                 .dispatch_with_permute(tokens, pad, bound, h)
                 .map(|_| ()),
-            1 => world.combine_with_unpermute(h, false, bound),
-            2 => world.combine_backward(h, bound),
-            3 => world.dispatch_backward(h, bound),
-            4 => world.dispatch_without_permute(tokens, pad, h),
-            5 => baseline.expect("baseline arm").dispatch(world, true),
-            _ => baseline.expect("baseline arm").dispatch(world, false),
+            Call::Combine(order) => world.combine_with_unpermute(h, order, bound),
+            Call::CombineBackward => world.combine_backward(h, bound),
+            Call::DispatchBackward(order) => world.dispatch_backward(h, order, bound),
+            Call::DispatchAlone => world.dispatch_without_permute(tokens, pad, h),
+            Call::Nccl { permute } => baseline.expect("baseline arm").dispatch(world, permute),
         }
     };
     for _ in 0..3 {

@@ -103,13 +103,36 @@ pub const DISPATCH_FULL: i32 = 0;
 pub const DISPATCH_CACHED: i32 = 1;
 pub const DISPATCH_UNPERMUTED: i32 = 2;
 
-/// In which order combine sums a token's copies (f32, one rounding either way).
+/// In which order combine sums a token's copies (f32, one rounding per row produced).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CombineOrder {
-    /// Ascending global expert id: SPEC §5 `exact`, combine_with_unpermute's order.
+    /// Ascending global expert id: SPEC §5 `exact` (the bits do not depend on R).
     ExpertId = 0,
     /// Ascending slot k: SPEC §3 step 5, the MoE layer's combine.
     Slot = 1,
+    /// SPEC §5 `per_rank` (HybridEP's traffic): each expert rank sums its copies of a token in
+    /// ascending local expert id and rounds to bf16, then the token's rank sums those rows in
+    /// ascending rank order and rounds once more. Uses the dispatch output rows as scratch.
+    PerRank = 2,
+}
+
+impl CombineOrder {
+    /// The SPEC §5 orders by their names, `exact` and `per_rank`.
+    pub fn by_name(name: &str) -> Option<CombineOrder> {
+        match name {
+            "exact" => Some(CombineOrder::ExpertId),
+            "per_rank" => Some(CombineOrder::PerRank),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CombineOrder::ExpertId => "exact",
+            CombineOrder::Slot => "slot",
+            CombineOrder::PerRank => "per_rank",
+        }
+    }
 }
 
 pub const ERR_OK: u32 = 0;

@@ -5,8 +5,8 @@
 use half::bf16;
 
 use megamoe_core::permute::{
-    combine_backward, combine_with_unpermute, dispatch_backward, dispatch_with_permute, Bf16Rows,
-    Fp8Rows, PermuteHandle, SyncMode as PlanMode,
+    combine_backward, combine_with_unpermute, dispatch_backward_in, dispatch_with_permute,
+    Bf16Rows, CombineOrder as PlanOrder, Fp8Rows, PermuteHandle, SyncMode as PlanMode,
 };
 use megamoe_core::quant::quantize_rows;
 use megamoe_core::rng::splitmix64;
@@ -16,7 +16,7 @@ use megamoe_cuda::selftest::{every_other_rank_names, Check};
 
 use crate::error::EpError;
 use crate::layout::{BufferSpec, RowDtype};
-use crate::params::{FaultKind, InjectedFault};
+use crate::params::{CombineOrder, FaultKind, InjectedFault};
 use crate::world::{bytemuck_bf16, EpConfig, EpWorld, IoRegion, Rows, SyncMode};
 
 const POISON: u8 = 0xA5;
@@ -87,7 +87,7 @@ impl Routing {
 /// Every check. Ranks beyond the GPUs present run as virtual ranks (several per GPU).
 pub fn gpu_checks() -> Vec<Check> {
     let mut checks = Vec::new();
-    for ranks in [2usize, 4, 8] {
+    for ranks in [1usize, 2, 4, 8] {
         for dtype in [RowDtype::Bf16, RowDtype::Fp8] {
             checks.push(Check {
                 name: format!(
@@ -110,7 +110,7 @@ pub fn gpu_checks() -> Vec<Check> {
                         }
                     }
                     Ok(format!(
-                        "{rounds} rounds on {} GPU(s), forward and backward bitwise",
+                        "{rounds} rounds on {} GPU(s), forward and backward bitwise, both combine orders",
                         world.physical_gpus()
                     ))
                 }),
@@ -127,7 +127,10 @@ pub fn gpu_checks() -> Vec<Check> {
                 for (seed, routing) in [(1, Routing::Uniform), (2, Routing::Zipf)] {
                     round_trip(&world, routing, 4096, 128, seed)?;
                 }
-                Ok("uniform and zipf, pad 128, forward and backward bitwise".into())
+                Ok(
+                    "uniform and zipf, pad 128, forward and backward bitwise, both combine orders"
+                        .into(),
+                )
             }),
         });
     }
@@ -492,7 +495,7 @@ pub fn round_trip(
     }
 
     // Combine with the prob-gradient scatter (dispatch's backward; plain combine reads the same
-    // rows and is checked by the graph replay).
+    // rows and is checked by the graph replay), in both SPEC §5 orders.
     let comb: Vec<Vec<bf16>> = (0..ranks)
         .map(|r| random_bf16(seed ^ (0xc0b1 + r as u64), got[r].rows * h))
         .collect();
@@ -504,39 +507,47 @@ pub fn round_trip(
         b.upload_at(world.layout.comb_rows, &comb[r]).map_err(s)?;
         b.upload_at(world.layout.comb_prob_grads, &pgrad[r])
             .map_err(s)?;
-        let io = world.io(r);
-        io.fill(
-            world.io_offset(IoRegion::Y),
-            spec.max_tokens * h * 2,
-            POISON,
-        )
-        .map_err(s)?;
-        io.fill(
-            world.io_offset(IoRegion::GradProbs),
-            spec.max_tokens * k * 4,
-            POISON,
-        )
-        .map_err(s)?;
     }
-    world
-        .dispatch_backward(&handle, SyncMode::Blocking)
-        .map_err(|e| ctx(&e.to_string()))?;
     let comb_rows: Vec<Bf16Rows> = comb.iter().map(|v| bf16_rows(v.clone(), h)).collect();
-    let grads = dispatch_backward(&comb_rows, &pgrad, handle_ref).map_err(s)?;
-    for (r, &t) in tokens.iter().enumerate() {
-        let io = world.io(r);
-        let y = download::<u8>(io, world.io_offset(IoRegion::Y), t * h * 2)?;
-        first_diff(
-            "combined rows",
-            r,
-            &y,
-            bytemuck_bf16(&grads.x[r].values),
-            h * 2,
-        )
-        .map_err(|e| ctx(&e))?;
-        let g = download::<u8>(io, world.io_offset(IoRegion::GradProbs), t * k * 4)?;
-        first_diff("prob gradients", r, &g, &f32_bytes(&grads.probs[r]), k * 4)
+    for (order, plan_order) in [
+        (CombineOrder::ExpertId, PlanOrder::Exact),
+        (CombineOrder::PerRank, PlanOrder::PerRank),
+    ] {
+        let ctx = |what: &str| ctx(&format!("{} combine: {what}", order.name()));
+        for r in 0..ranks {
+            let io = world.io(r);
+            io.fill(
+                world.io_offset(IoRegion::Y),
+                spec.max_tokens * h * 2,
+                POISON,
+            )
+            .map_err(s)?;
+            io.fill(
+                world.io_offset(IoRegion::GradProbs),
+                spec.max_tokens * k * 4,
+                POISON,
+            )
+            .map_err(s)?;
+        }
+        world
+            .dispatch_backward(&handle, order, SyncMode::Blocking)
+            .map_err(|e| ctx(&e.to_string()))?;
+        let grads = dispatch_backward_in(&comb_rows, &pgrad, handle_ref, plan_order).map_err(s)?;
+        for (r, &t) in tokens.iter().enumerate() {
+            let io = world.io(r);
+            let y = download::<u8>(io, world.io_offset(IoRegion::Y), t * h * 2)?;
+            first_diff(
+                "combined rows",
+                r,
+                &y,
+                bytemuck_bf16(&grads.x[r].values),
+                h * 2,
+            )
             .map_err(|e| ctx(&e))?;
+            let g = download::<u8>(io, world.io_offset(IoRegion::GradProbs), t * k * 4)?;
+            first_diff("prob gradients", r, &g, &f32_bytes(&grads.probs[r]), k * 4)
+                .map_err(|e| ctx(&e))?;
+        }
     }
 
     // Combine's backward: dispatch the output gradient along the same routing.
@@ -725,7 +736,7 @@ fn graph_replay(spec: BufferSpec) -> Result<String, String> {
     let graph = world
         .capture(|w| {
             w.dispatch_with_permute(&tokens, 16, bound, &mut handle)?;
-            w.combine_with_unpermute(&handle, false, bound)
+            w.combine_with_unpermute(&handle, CombineOrder::ExpertId, bound)
         })
         .map_err(s)?;
     for (seed, routing) in [

@@ -410,21 +410,21 @@ impl EpWorld {
         Ok(Some(out))
     }
 
-    /// combine_with_unpermute on every rank: y_t (into `RankPtrs::y`) is the bf16 sum, in
-    /// ascending global expert id, of token t's rows in `comb_rows` on their owners. With
-    /// `prob_grads` (dispatch's backward) each slot's `comb_prob_grads` entry is read back into
-    /// `grad_probs` `[T, K]`.
+    /// combine_with_unpermute on every rank: y_t (into `RankPtrs::y`) is the bf16 sum of token
+    /// t's rows in `comb_rows` on their owners, in `order` (SPEC §5: `exact` or `per_rank`;
+    /// `per_rank` overwrites the dispatch output rows, its scratch).
     pub fn combine_with_unpermute(
         &self,
         handle: &Handle,
-        prob_grads: bool,
+        order: CombineOrder,
         mode: SyncMode,
     ) -> Result<(), EpError> {
-        self.combine(handle, prob_grads, CombineOrder::ExpertId, mode)
+        self.combine(handle, false, order, mode)
     }
 
     /// The combine of `comb_rows` into `RankPtrs::y` with the copies of a token summed in
-    /// `order` (unweighted; with `prob_grads` as in [`Self::combine_with_unpermute`]).
+    /// `order` (unweighted). With `prob_grads` (dispatch's backward) each slot's
+    /// `comb_prob_grads` entry is read back into `grad_probs` `[T, K]`.
     pub fn combine(
         &self,
         handle: &Handle,
@@ -461,10 +461,16 @@ impl EpWorld {
         Ok(())
     }
 
-    /// Dispatch's backward: the row gradients (in `comb_rows`) are combined back to `[T, H]` and
-    /// the prob gradients (in `comb_prob_grads`) scattered back to `[T, K]`.
-    pub fn dispatch_backward(&self, handle: &Handle, mode: SyncMode) -> Result<(), EpError> {
-        self.combine_with_unpermute(handle, true, mode)
+    /// Dispatch's backward: the row gradients (in `comb_rows`) are combined back to `[T, H]` in
+    /// `order` (the forward combine's) and the prob gradients (in `comb_prob_grads`) scattered
+    /// back to `[T, K]`.
+    pub fn dispatch_backward(
+        &self,
+        handle: &Handle,
+        order: CombineOrder,
+        mode: SyncMode,
+    ) -> Result<(), EpError> {
+        self.combine(handle, true, order, mode)
     }
 
     /// Combine's backward: the output gradient (bf16 `[T, H]`, in `RankPtrs::x`) is dispatched

@@ -8,6 +8,7 @@
 //! Errors: [`error::Error`], a `ValueError` for bad input, a `RuntimeError` for the device.
 
 pub mod api;
+pub mod ep;
 pub mod error;
 pub mod gemm;
 pub mod layer;

@@ -130,6 +130,7 @@ fn _megamoe(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(info, m)?)?;
     crate::layer::bindings::register(m)?;
     crate::gemm::bindings::register(m)?;
+    crate::ep::py::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -16,6 +16,7 @@ pub use plan::{
 };
 pub use reference::{
     combine_backward, combine_with_unpermute, combine_with_unpermute_in, dispatch_backward,
-    dispatch_rows, dispatch_with_permute, CombineOrder, DispatchGrads, Dispatched,
+    dispatch_backward_in, dispatch_rows, dispatch_with_permute, CombineOrder, DispatchGrads,
+    Dispatched,
 };
 pub use rows::{Bf16Rows, Fp8Rows, PermuteRows, SCALE_BLOCK};

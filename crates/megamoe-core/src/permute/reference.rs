@@ -125,12 +125,22 @@ pub fn dispatch_backward<P: AsRef<[f32]>>(
     prob_grads: &[P],
     handle: &PermuteHandle,
 ) -> Result<DispatchGrads> {
+    dispatch_backward_in(row_grads, prob_grads, handle, CombineOrder::Exact)
+}
+
+/// [`dispatch_backward`] with the row gradients combined in `order`.
+pub fn dispatch_backward_in<P: AsRef<[f32]>>(
+    row_grads: &[Bf16Rows],
+    prob_grads: &[P],
+    handle: &PermuteHandle,
+    order: CombineOrder,
+) -> Result<DispatchGrads> {
     check_len("prob_grads", prob_grads.len(), handle.num_ranks())?;
     for (rank, (grads, plan)) in prob_grads.iter().zip(&handle.plans).enumerate() {
         check_len("prob_grads", grads.as_ref().len(), plan.output_rows())
             .map_err(|e| on_rank(rank, e))?;
     }
-    let x = combine_named("row_grads", row_grads, handle, CombineOrder::Exact)?;
+    let x = combine_named("row_grads", row_grads, handle, order)?;
     let probs = handle
         .destinations
         .iter()

@@ -25,10 +25,11 @@ constexpr int kDispatchDynamicSmem = (2 * kWarps + 1) * kChunkBytes;  // DISPATC
 enum Signal : int { kDispatchReady = 0, kDispatchDone = 1, kCombineReady = 2, kCombineDone = 3, kNumSignals = 4 };
 // Kernel families: each keeps its own call counter (epoch) in the local buffer.
 enum Family : int { kDispatchFamily = 0, kCombineFamily = 1 };
-// CombineParams::order. Both sum in f32 and round once.
+// CombineParams::order. Each sums in f32 and rounds once per row it produces.
 enum CombineOrder : int {
     kExpertOrder = 0,  // ascending global expert id (SPEC §5 `exact`)
     kSlotOrder = 1,    // ascending slot k (SPEC §3 step 5, the MoE layer's combine)
+    kPerRankOrder = 2, // each owner's copies summed and rounded there, then ascending rank (SPEC §5 `per_rank`)
 };
 // Error codes of the device error record (a wait past its deadline is recorded in the rank's
 // `megamoe::comm::WaitRecord` instead).

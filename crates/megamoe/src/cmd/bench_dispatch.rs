@@ -6,6 +6,7 @@ use megamoe_core::Preset;
 use megamoe_ep::bench::{BenchSetup, DispatchBench};
 use megamoe_ep::layout::RowDtype;
 use megamoe_ep::selftest::Routing;
+use megamoe_ep::CombineOrder;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct Args {
@@ -29,6 +30,9 @@ pub struct Args {
     /// uniform, zipf, masked or uneven.
     #[arg(long, default_value = "uniform")]
     pub routing: String,
+    /// Combine orders (SPEC §5), comma-separated: exact, per_rank.
+    #[arg(long, value_delimiter = ',', default_values_t = vec!["exact".to_string()])]
+    pub combine: Vec<String>,
     /// Timed calls per observation.
     #[arg(long, default_value_t = 20)]
     pub iters: usize,
@@ -50,6 +54,14 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                 args.routing
             )
         })?;
+    let combine_orders = args
+        .combine
+        .iter()
+        .map(|name| {
+            CombineOrder::by_name(name)
+                .ok_or_else(|| format!("--combine {name}: expected exact or per_rank"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let mut bench = DispatchBench::new(BenchSetup {
         shape,
         ranks: args.ranks,
@@ -57,6 +69,7 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         dtype,
         pad_multiple: args.pad_multiple,
         routing,
+        combine_orders,
     })?;
     let world = &bench.world;
     println!(

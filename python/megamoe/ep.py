@@ -1,0 +1,387 @@
+"""Dispatch / combine with fused permute (SPEC §5) on torch tensors, with autograd, and the CUDA
+IPC exchange of symmetric memory for one process per GPU.
+
+A :class:`Buffer` is one process's expert-parallel world of ``num_ranks`` ranks: rank r runs on
+GPU ``r % G`` of the G visible GPUs (several ranks on one GPU are virtual ranks, for
+correctness). Every per-rank argument is a list with one tensor per rank, on that rank's GPU.
+
+- :func:`dispatch_with_permute` sends every token's row to the ranks owning its experts, grouped
+  by local expert, ordered by (source rank, token), each expert's segment zero-padded to
+  ``pad_multiple`` rows. Its backward is a combine of the row gradients (in the dispatch's
+  ``order``) and a scatter of the prob gradients back to ``[T, K]``.
+- :func:`combine_with_unpermute` sums every token's rows back on its rank, unweighted (the
+  expert applies the probs), in ``order``: ``"per_rank"`` (the default: each expert rank sums
+  its copies in f32 and sends one bf16 row per token, the token's rank sums those in rank
+  order and rounds once) or ``"exact"`` (every copy in ascending expert id, one rounding: the
+  bits do not depend on the number of ranks). Its backward dispatches the output gradient.
+
+FP8 buffers (``dtype="fp8"``): the forward input x (bf16) is quantized to e4m3 with one f32
+scale per 128 columns (scale = max(amax, 1e-4) / 448) and moved as such; ``rows`` are those
+values dequantized to bf16 (the e4m3 codes and scales, for FP8 GEMMs, are in
+``Dispatched.fp8``). The gradient is straight-through: x's gradient is the combine of the row
+gradients, as if the quantization were the identity.
+
+The calls run on the ranks' own streams, ordered after each rank's device's current torch
+stream and back, so they compose with the caller's stream. By default they block until the
+output sizes are known. With ``num_rows_bound`` the dispatch (and the combine and backwards of
+its handle) does not wait: outputs have ``num_rows_bound`` rows per rank (those past the
+dispatch's own are left as they were), ``tokens_per_expert`` stays on the device, and the calls
+can be captured in a CUDA graph (dispatch into a ``handle`` from ``Buffer.new_handle()``, made
+before the capture); an overflow of the bound, or any other failure, is raised by the next
+``Buffer.sync()``, and no rows are moved then. Errors: ``ValueError`` naming the argument for bad
+input (nothing is written before the checks pass), ``RuntimeError`` when no GPU can be used or
+the device fails.
+"""
+
+import ctypes
+from typing import List, NamedTuple, Optional, Sequence, Tuple
+
+import torch
+
+from . import _megamoe
+
+ORDERS = ("per_rank", "exact")
+
+
+class Buffer:
+    """One process's expert-parallel world and its symmetric buffer, sized for
+    ``num_max_tokens_per_rank`` tokens per rank and segments padded to at most
+    ``max_pad_multiple`` rows. ``num_sms``: SMs (blocks) each rank's kernels use (ranks sharing
+    a GPU must fit on it together); ``deadline_ms``: the budget of every device-side wait."""
+
+    def __init__(
+        self,
+        num_ranks: int,
+        num_experts: int,
+        num_topk: int,
+        hidden: int,
+        num_max_tokens_per_rank: int,
+        max_pad_multiple: int = 128,
+        dtype: str = "bf16",
+        num_sms: Optional[int] = None,
+        deadline_ms: Optional[int] = None,
+    ):
+        self.world = _megamoe.EpWorld(
+            num_ranks,
+            num_experts,
+            num_topk,
+            hidden,
+            num_max_tokens_per_rank,
+            max_pad_multiple,
+            dtype,
+            num_sms,
+            deadline_ms,
+        )
+        self.num_ranks = num_ranks
+        self.num_experts = num_experts
+        self.num_topk = num_topk
+        self.hidden = hidden
+        self.dtype = dtype
+
+    def device(self, rank: int) -> torch.device:
+        return torch.device("cuda", self.world.device(rank))
+
+    def streams(self) -> List[int]:
+        """Each rank's device's current torch stream, as the native calls take them."""
+        return [torch.cuda.current_stream(self.device(r)).cuda_stream for r in range(self.num_ranks)]
+
+    def new_handle(self) -> "Handle":
+        """A routing state to dispatch into; allocates device memory, so make it before
+        capturing a graph."""
+        return Handle(self.world.new_handle())
+
+    def sync(self) -> None:
+        """Waits for every rank's calls (and the current streams, where replayed graphs run) and
+        raises the first failure of the non-blocking ones."""
+        self.world.sync(self.streams())
+
+
+class Handle:
+    """A dispatch's routing state on every rank, reused by its combine and both backwards;
+    every dispatch into it refills it (so the backward of an earlier dispatch into it is then
+    wrong: reuse a handle only where its graph is replayed or no backward is pending)."""
+
+    def __init__(self, native):
+        self.native = native
+        self.order = "per_rank"
+
+    @property
+    def num_tokens(self) -> List[int]:
+        return self.native.num_tokens
+
+    @property
+    def num_rows(self) -> List[int]:
+        """Rows per rank: exact after a blocking dispatch, the bound after a non-blocking one."""
+        return self.native.num_rows
+
+
+class Dispatched(NamedTuple):
+    rows: List[torch.Tensor]
+    """Per rank, bf16 ``[rows_r, H]``: the received rows (dequantized on FP8 buffers)."""
+    probs: List[torch.Tensor]
+    """Per rank, f32 ``[rows_r]``: each row's router weight (0 on padding)."""
+    tokens_per_expert: list
+    """Per rank, the padded rows of each local expert: a list of ints, or after a non-blocking
+    dispatch an int32 tensor on the rank's GPU."""
+    handle: Handle
+    fp8: Optional[List[Tuple[torch.Tensor, torch.Tensor]]]
+    """FP8 buffers: per rank the e4m3 codes ``[rows_r, H]`` and f32 scales ``[rows_r, H/128]``."""
+
+
+def quantize_fp8(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """e4m3 codes of bf16 ``x`` ``[T, H]`` with one f32 scale per 128 columns
+    (scale = max(amax, 1e-4) / 448, codes = x / scale rounded to nearest)."""
+    t, h = x.shape
+    g = x.float().view(t, h // 128, 128)
+    scales = g.abs().amax(dim=2).clamp_min(1e-4) / 448.0
+    codes = (g * (1.0 / scales).unsqueeze(2)).to(torch.float8_e4m3fn).view(t, h)
+    return codes, scales.contiguous()
+
+
+def dequantize_fp8(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """bf16 values of e4m3 ``codes`` ``[N, H]`` with f32 ``scales`` ``[N, H/128]``."""
+    n, h = codes.shape
+    v = codes.float().view(n, h // 128, 128) * scales.unsqueeze(2)
+    return v.view(n, h).to(torch.bfloat16)
+
+
+def _per_rank(buffer: Buffer, name: str, value) -> List[torch.Tensor]:
+    tensors = [value] if isinstance(value, torch.Tensor) else list(value)
+    if len(tensors) != buffer.num_ranks:
+        raise ValueError(f"{name}: {len(tensors)} tensors for {buffer.num_ranks} ranks (one per rank)")
+    return tensors
+
+
+def _order(order: str) -> str:
+    if order not in ORDERS:
+        raise ValueError(f'order: {order!r} must be "per_rank" or "exact"')
+    return order
+
+
+def _empty(buffer: Buffer, rank: int, shape, dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device=buffer.device(rank))
+
+
+class _Dispatch(torch.autograd.Function):
+    """Inputs after the settings: x (R tensors), probs (R tensors). Outputs: rows (R), row
+    probs (R)."""
+
+    @staticmethod
+    def forward(ctx, buffer, box, topk_idx, pad_multiple, order, num_rows_bound, *tensors):
+        r = buffer.num_ranks
+        x, probs = list(tensors[:r]), list(tensors[r:])
+        fp8 = buffer.dtype == "fp8"
+        scales = None
+        if fp8:
+            quantized = [quantize_fp8(t) for t in x]
+            x = [c for c, _ in quantized]
+            scales = [s for _, s in quantized]
+        streams = buffer.streams()
+        handle = box.handle
+        buffer.world.dispatch(handle.native, x, scales, topk_idx, probs, pad_multiple, num_rows_bound, streams)
+        handle.order = order
+        h = buffer.hidden
+        n = handle.num_rows
+        rows = [_empty(buffer, i, (n[i], h), torch.float8_e4m3fn if fp8 else torch.bfloat16) for i in range(r)]
+        row_scales = [_empty(buffer, i, (n[i], h // 128), torch.float32) for i in range(r)] if fp8 else None
+        row_probs = [_empty(buffer, i, (n[i],), torch.float32) for i in range(r)]
+        local = buffer.num_experts // r
+        box.tokens_per_expert = handle.native.tokens_per_expert
+        counts = None
+        if box.tokens_per_expert is None:
+            counts = [_empty(buffer, i, (local,), torch.int32) for i in range(r)]
+            box.tokens_per_expert = counts
+        buffer.world.read_dispatch(handle.native, rows, row_scales, row_probs, counts, streams)
+        if fp8:
+            box.fp8 = list(zip(rows, row_scales))
+            rows = [dequantize_fp8(c, s) for c, s in box.fp8]
+        ctx.buffer, ctx.handle = buffer, handle
+        return (*rows, *row_probs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        buffer, handle = ctx.buffer, ctx.handle
+        r, h, k = buffer.num_ranks, buffer.hidden, buffer.num_topk
+        grad_rows = [
+            torch.zeros((handle.num_rows[i], h), dtype=torch.bfloat16, device=buffer.device(i))
+            if g is None
+            else g.to(torch.bfloat16).contiguous()
+            for i, g in enumerate(grads[:r])
+        ]
+        prob_grads = [
+            torch.zeros((handle.num_rows[i],), dtype=torch.float32, device=buffer.device(i))
+            if g is None
+            else g.float().contiguous()
+            for i, g in enumerate(grads[r:])
+        ]
+        grad_x = [_empty(buffer, i, (handle.num_tokens[i], h), torch.bfloat16) for i in range(r)]
+        grad_probs = [_empty(buffer, i, (handle.num_tokens[i], k), torch.float32) for i in range(r)]
+        buffer.world.combine(
+            handle.native, grad_rows, handle.order, grad_x, buffer.streams(), prob_grads, grad_probs
+        )
+        return (None, None, None, None, None, None, *grad_x, *grad_probs)
+
+
+class _Combine(torch.autograd.Function):
+    """Inputs after the settings: rows (R tensors). Outputs: y (R)."""
+
+    @staticmethod
+    def forward(ctx, buffer, handle, order, *rows):
+        h = buffer.hidden
+        y = [_empty(buffer, i, (handle.num_tokens[i], h), torch.bfloat16) for i in range(buffer.num_ranks)]
+        buffer.world.combine(handle.native, list(rows), order, y, buffer.streams())
+        ctx.buffer, ctx.handle = buffer, handle
+        return tuple(y)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        buffer, handle = ctx.buffer, ctx.handle
+        h = buffer.hidden
+        grad_y = [
+            torch.zeros((handle.num_tokens[i], h), dtype=torch.bfloat16, device=buffer.device(i))
+            if g is None
+            else g.to(torch.bfloat16).contiguous()
+            for i, g in enumerate(grads)
+        ]
+        grad_rows = [_empty(buffer, i, (handle.num_rows[i], h), torch.bfloat16) for i in range(buffer.num_ranks)]
+        buffer.world.combine_backward(handle.native, grad_y, grad_rows, buffer.streams())
+        return (None, None, None, *grad_rows)
+
+
+class _Box:
+    """What the dispatch's forward takes and hands back besides tensors."""
+
+    def __init__(self, handle: Handle):
+        self.handle = handle
+        self.tokens_per_expert = None
+        self.fp8: Optional[List[Tuple[torch.Tensor, torch.Tensor]]] = None
+
+
+def dispatch_with_permute(
+    buffer: Buffer,
+    x,
+    topk_idx,
+    probs,
+    pad_multiple: int = 1,
+    order: str = "per_rank",
+    num_rows_bound: Optional[int] = None,
+    handle: Optional[Handle] = None,
+) -> Dispatched:
+    """Dispatches every rank's tokens to their experts' ranks (see the module's docstring).
+
+    Per rank: ``x`` bf16 ``[T_r, H]``, ``topk_idx`` ``[T_r, K]`` integer expert ids (-1 masks a
+    slot; int64 is converted), ``probs`` f32 ``[T_r, K]``; lists with one tensor per rank (a
+    tensor alone when the buffer has one rank). ``order``: how the backward combines the row
+    gradients. ``num_rows_bound``: the non-blocking mode (see the module's docstring);
+    ``handle``: the routing state to refill (a new one by default). Differentiable in ``x`` and
+    ``probs``."""
+    order = _order(order)
+    x = _per_rank(buffer, "x", x)
+    probs = _per_rank(buffer, "probs", probs)
+    idx = [t.to(torch.int32).contiguous() if t.dtype == torch.int64 else t for t in _per_rank(buffer, "topk_idx", topk_idx)]
+    box = _Box(buffer.new_handle() if handle is None else handle)
+    out = _Dispatch.apply(buffer, box, idx, pad_multiple, order, num_rows_bound, *x, *probs)
+    r = buffer.num_ranks
+    return Dispatched(list(out[:r]), list(out[r:]), box.tokens_per_expert, box.handle, box.fp8)
+
+
+def combine_with_unpermute(
+    buffer: Buffer, rows: Sequence[torch.Tensor], handle: Handle, order: str = "per_rank"
+) -> List[torch.Tensor]:
+    """Sums every token's rows back on its rank, unweighted, in ``order`` (see the module's
+    docstring). ``rows``: per rank bf16 ``[rows_r, H]`` in the dispatch's layout (padding rows
+    are not read). Returns per rank bf16 ``[T_r, H]``. Differentiable in ``rows``."""
+    order = _order(order)
+    return list(_Combine.apply(buffer, handle, order, *_per_rank(buffer, "rows", rows)))
+
+
+def reference(
+    buffer: Buffer,
+    x: Sequence[torch.Tensor],
+    topk_idx: Sequence[torch.Tensor],
+    probs: Sequence[torch.Tensor],
+    pad_multiple: int,
+    rows: Sequence[torch.Tensor],
+    prob_grads: Sequence[torch.Tensor],
+    grad_y: Sequence[torch.Tensor],
+    order: str,
+    x_scales: Optional[Sequence[torch.Tensor]] = None,
+) -> dict:
+    """megamoe-core's CPU reference of dispatch (of ``x``, or of e4m3 ``x`` with ``x_scales``),
+    combine of ``rows`` in ``order``, dispatch's backward of (``rows``, ``prob_grads``) and
+    combine's backward of ``grad_y``. Returns CPU tensors: ``rows``, ``scales`` (FP8),
+    ``probs``, ``tokens_per_expert``, ``y``, ``grad_x``, ``grad_probs``, ``grad_rows``."""
+
+    def raw(ts):
+        host = [t.detach().cpu().contiguous() for t in ts]
+        return [ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()) for t in host]
+
+    idx = [t.to(torch.int32) for t in topk_idx]
+    out = _megamoe.ep_reference(
+        buffer.hidden,
+        buffer.num_experts,
+        buffer.num_topk,
+        pad_multiple,
+        raw(x),
+        None if x_scales is None else raw(x_scales),
+        raw(idx),
+        raw(probs),
+        raw(rows),
+        raw(prob_grads),
+        raw(grad_y),
+        order,
+    )
+    h, k = buffer.hidden, buffer.num_topk
+
+    def tensors(key, dtype, width):
+        shaped = []
+        for b in out[key]:
+            t = torch.frombuffer(bytearray(b), dtype=torch.uint8) if b else torch.empty(0, dtype=torch.uint8)
+            t = t.view(dtype)
+            shaped.append(t.view(-1, width) if width else t)
+        return shaped
+
+    fp8 = x_scales is not None
+    return {
+        "rows": tensors("rows", torch.float8_e4m3fn if fp8 else torch.bfloat16, h),
+        "scales": tensors("scales", torch.float32, h // 128) if fp8 else None,
+        "probs": tensors("probs", torch.float32, None),
+        "tokens_per_expert": out["tokens_per_expert"],
+        "y": tensors("y", torch.bfloat16, h),
+        "grad_x": tensors("grad_x", torch.bfloat16, h),
+        "grad_probs": tensors("grad_probs", torch.float32, k),
+        "grad_rows": tensors("grad_rows", torch.bfloat16, h),
+    }
+
+
+class SymmetricMemory:
+    """``nbytes`` of device memory on this process's GPU, opened in every process of the
+    torch.distributed ``group`` (one process per GPU, as torchrun launches them): CUDA IPC
+    handles of ``cuMemAlloc`` memory, exchanged with ``all_gather_object``. Raises
+    RuntimeError, naming both ranks, when this GPU has no peer access to a peer's GPU."""
+
+    def __init__(self, nbytes: int, group=None, device: Optional[int] = None):
+        import torch.distributed as dist
+
+        device = torch.cuda.current_device() if device is None else device
+        self._buf = _megamoe.IpcBuffer(device, nbytes)
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        gathered = [None] * self.world_size
+        dist.all_gather_object(gathered, self._buf.export(), group=group)
+        self._buf.open(self.rank, gathered)
+        self.nbytes = nbytes
+
+    def ptr(self, rank: int) -> int:
+        """Rank ``rank``'s buffer as a device address in this process."""
+        return self._buf.ptr(rank)
+
+    def copy_in(self, tensor: torch.Tensor, rank: int, offset: int = 0) -> None:
+        """Copies the contiguous CUDA ``tensor`` into rank ``rank``'s buffer at byte ``offset``,
+        on the current stream."""
+        self._buf.copy(tensor, rank, offset, True, torch.cuda.current_stream().cuda_stream)
+
+    def copy_out(self, tensor: torch.Tensor, rank: int, offset: int = 0) -> None:
+        """Fills the contiguous CUDA ``tensor`` from rank ``rank``'s buffer at byte ``offset``,
+        on the current stream."""
+        self._buf.copy(tensor, rank, offset, False, torch.cuda.current_stream().cuda_stream)

@@ -1,0 +1,27 @@
+#!/bin/bash
+# GPU session of the per_rank combine and the Python dispatch/combine: every ep check of the
+# selftest (both combine orders bitwise, R = 1, 2, 4, 8, flash at 4096 tokens), `bench dispatch`
+# at flash 4096 tokens/rank BF16 with both combine orders (24 SMs), then the Python GPU tests
+# (python/tests/test_gpu_ep.py) with the wheels of WHEEL_DIR (the package's and pytest's)
+# installed into a scratch folder for PYTHON (default python3, the one with torch).
+# Logs go to OUT_DIR: selftest.txt, bench_per_rank.txt, python.txt, steps.txt.
+# usage: scripts/py_ep_gpu_session.sh MEGAMOE_BINARY WHEEL_DIR OUT_DIR [PYTHON]
+set -u
+bin=$(realpath "$1")
+wheels=$2
+out=$3
+py=${4:-python3}
+mkdir -p "$out"
+source "$(dirname "$0")/gpu_session_lib.sh"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit --format=csv,noheader
+step selftest 100 selftest --only ep.
+grep -E '^(PASS|FAIL)|checks passed' "$out/selftest.txt"
+step bench_per_rank 60 bench dispatch --preset flash --tokens 4096 --dtype bf16 --ranks 2 --sms 24 --combine exact,per_rank
+cat "$out/bench_per_rank.txt"
+site=$(mktemp -d)
+"$py" -m pip install -q --no-index --no-deps --no-compile --target "$site" "$wheels"/*.whl
+t0=$(date +%s)
+PYTHONPATH=$site PYTHONUNBUFFERED=1 timeout 240 "$py" -m pytest -q -rA -s -p no:cacheprovider \
+  python/tests/test_gpu_ep.py > "$out/python.txt" 2>&1
+echo "python       rc=$?  $(( $(date +%s) - t0 )) s  pytest python/tests/test_gpu_ep.py" | tee -a "$out/steps.txt"
+tail -5 "$out/python.txt"

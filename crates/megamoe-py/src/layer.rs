@@ -79,8 +79,7 @@ impl GpuLayer {
         let (h, i) = (s.shape.hidden, s.shape.inter);
         let el = s.shape.local_experts(s.ranks);
         let gpu = Gpu::new(device)?;
-        // SAFETY: the caller's contract on `stream`.
-        unsafe { gpu.wait_for_stream(stream)? };
+        gpu.wait_for(stream)?;
         let blocks = |rows: usize, cols: usize| rows / 128 * (cols / 128);
         let mut ranks = Vec::with_capacity(s.ranks);
         for r in 0..s.ranks {

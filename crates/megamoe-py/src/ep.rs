@@ -21,6 +21,7 @@ use megamoe_ep::{
     BufferSpec, CombineOrder, EpConfig, EpError, EpWorld, Handle, RowDtype, SyncMode,
 };
 
+use crate::api::count;
 use crate::error::{Error, Result};
 
 impl From<EpError> for Error {
@@ -131,10 +132,6 @@ pub fn combine_order(order: &str) -> Result<CombineOrder> {
             "order: {order:?} must be \"per_rank\" or \"exact\""
         ))
     })
-}
-
-fn count(arg: &str, v: i64) -> Result<usize> {
-    usize::try_from(v).map_err(|_| Error::Value(format!("{arg}: {v} must not be negative")))
 }
 
 /// The arguments of the world's constructor, as Python passed them.

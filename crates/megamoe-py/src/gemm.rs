@@ -7,8 +7,8 @@
 use megamoe_cuda::Gpu;
 use megamoe_gemm::{choose, GemmError, GemmPointers, GemmProblem, GroupedGemm, Layout, OutDtype};
 
+use crate::api::require_gpu;
 use crate::error::{Error, Result};
-use crate::layer::require_gpu;
 
 /// The sizes of one call, from the tensors' shapes (lib.rs of megamoe-gemm has the layouts).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -12,7 +12,7 @@
 use half::bf16;
 use megamoe_core::permute::{
     combine_backward, combine_with_unpermute_in, dispatch_backward_in, dispatch_with_permute,
-    Bf16Rows, CombineOrder as PlanOrder, Fp8Rows, SyncMode as PlanMode,
+    Bf16Rows, CombineOrder as PlanOrder, Fp8Rows, PermuteHandle, PermuteRows, SyncMode as PlanMode,
 };
 use megamoe_core::preset::Shape;
 use megamoe_cuda::interop::{IpcHandle, IpcMapping, IPC_HANDLE_BYTES};
@@ -236,6 +236,14 @@ impl World {
         self.ep.config.dtype
     }
 
+    /// The torch dtypes of the buffer's rows.
+    fn row_dtypes(&self) -> &'static [&'static str] {
+        match self.dtype() {
+            RowDtype::Bf16 => &[BF16],
+            RowDtype::Fp8 => &FP8,
+        }
+    }
+
     fn gpu(&self, rank: usize) -> &Gpu {
         &self.ep.rank(rank).gpu
     }
@@ -365,11 +373,7 @@ impl World {
         let mut tokens = Vec::with_capacity(ranks);
         for r in 0..ranks {
             let dev = self.device(r);
-            let row_dtypes: &[&str] = match dtype {
-                RowDtype::Bf16 => &[BF16],
-                RowDtype::Fp8 => &FP8,
-            };
-            x[r].check(&format!("x[{r}]"), row_dtypes, &[None, Some(h)], dev)?;
+            x[r].check(&format!("x[{r}]"), self.row_dtypes(), &[None, Some(h)], dev)?;
             let t = x[r].rows();
             if t > s.max_tokens {
                 return Err(Error::Value(format!(
@@ -461,11 +465,12 @@ impl World {
                     dev,
                 )?;
             }
-            let row_dtypes: &[&str] = match dtype {
-                RowDtype::Bf16 => &[BF16],
-                RowDtype::Fp8 => &FP8,
-            };
-            rows[r].check(&format!("rows[{r}]"), row_dtypes, &[Some(n), Some(h)], dev)?;
+            rows[r].check(
+                &format!("rows[{r}]"),
+                self.row_dtypes(),
+                &[Some(n), Some(h)],
+                dev,
+            )?;
             if dtype == RowDtype::Fp8 {
                 scales[r].check(
                     &format!("scales[{r}]"),
@@ -671,6 +676,37 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
+/// Decodes every rank's bytes of `arg` with `decode`.
+fn each<T>(
+    arg: &str,
+    ranks: &[Vec<u8>],
+    decode: impl Fn(&str, &[u8]) -> Result<T>,
+) -> Result<Vec<T>> {
+    ranks.iter().map(|b| decode(arg, b)).collect()
+}
+
+/// The reference dispatch of `x` into `out`, each rank's rows stored as the bytes (rows,
+/// scales) that `to_bytes` gives; returns the handle the combine and backwards reuse.
+fn reference_dispatch<M: PermuteRows>(
+    shape: Shape,
+    x: &[M],
+    (idx, probs): (&[Vec<i32>], &[Vec<f32>]),
+    pad_multiple: usize,
+    out: &mut ReferenceOutputs,
+    to_bytes: impl Fn(M) -> (Vec<u8>, Vec<u8>),
+) -> Result<PermuteHandle> {
+    let (dispatched, handle) =
+        dispatch_with_permute(shape, x, idx, probs, pad_multiple, PlanMode::Blocking)?;
+    for o in dispatched {
+        let (rows, scales) = to_bytes(o.rows);
+        out.rows.push(rows);
+        out.scales.push(scales);
+        out.probs.push(f32_bytes(&o.probs));
+        out.tokens_per_expert.push(o.tokens_per_expert);
+    }
+    Ok(handle)
+}
+
 /// megamoe-core's CPU reference of dispatch, combine (in `order`) and both backwards.
 pub fn reference(inp: &ReferenceInputs) -> Result<ReferenceOutputs> {
     let shape = Shape {
@@ -684,39 +720,18 @@ pub fn reference(inp: &ReferenceInputs) -> Result<ReferenceOutputs> {
         _ => PlanOrder::Exact,
     };
     let h = inp.hidden;
-    let idx = inp
-        .topk_idx
-        .iter()
-        .map(|b| ints("topk_idx", b))
-        .collect::<Result<Vec<_>>>()?;
-    let probs = inp
-        .probs
-        .iter()
-        .map(|b| floats("probs", b))
-        .collect::<Result<Vec<_>>>()?;
+    let rows_of = |arg: &str, b: &[u8]| bf16s(arg, b, h);
+    let idx = each("topk_idx", &inp.topk_idx, ints)?;
+    let probs = each("probs", &inp.probs, floats)?;
+    let routing = (idx.as_slice(), probs.as_slice());
+    let pad = inp.pad_multiple;
     let mut out = ReferenceOutputs::default();
     let handle = match &inp.x_scales {
         None => {
-            let x = inp
-                .x
-                .iter()
-                .map(|b| bf16s("x", b, h))
-                .collect::<Result<Vec<_>>>()?;
-            let (d, handle) = dispatch_with_permute(
-                shape,
-                &x,
-                &idx,
-                &probs,
-                inp.pad_multiple,
-                PlanMode::Blocking,
-            )?;
-            for o in d {
-                out.rows.push(bf16_bytes(&o.rows));
-                out.scales.push(vec![]);
-                out.probs.push(f32_bytes(&o.probs));
-                out.tokens_per_expert.push(o.tokens_per_expert);
-            }
-            handle
+            let x = each("x", &inp.x, rows_of)?;
+            reference_dispatch(shape, &x, routing, pad, &mut out, |rows| {
+                (bf16_bytes(&rows), vec![])
+            })?
         }
         Some(scales) => {
             let x = inp
@@ -732,38 +747,14 @@ pub fn reference(inp: &ReferenceInputs) -> Result<ReferenceOutputs> {
                     })
                 })
                 .collect::<Result<Vec<_>>>()?;
-            let (d, handle) = dispatch_with_permute(
-                shape,
-                &x,
-                &idx,
-                &probs,
-                inp.pad_multiple,
-                PlanMode::Blocking,
-            )?;
-            for o in d {
-                out.rows.push(o.rows.codes);
-                out.scales.push(f32_bytes(&o.rows.scales));
-                out.probs.push(f32_bytes(&o.probs));
-                out.tokens_per_expert.push(o.tokens_per_expert);
-            }
-            handle
+            reference_dispatch(shape, &x, routing, pad, &mut out, |rows| {
+                (rows.codes, f32_bytes(&rows.scales))
+            })?
         }
     };
-    let rows = inp
-        .rows
-        .iter()
-        .map(|b| bf16s("rows", b, h))
-        .collect::<Result<Vec<_>>>()?;
-    let prob_grads = inp
-        .prob_grads
-        .iter()
-        .map(|b| floats("prob_grads", b))
-        .collect::<Result<Vec<_>>>()?;
-    let grad_y = inp
-        .grad_y
-        .iter()
-        .map(|b| bf16s("grad_y", b, h))
-        .collect::<Result<Vec<_>>>()?;
+    let rows = each("rows", &inp.rows, rows_of)?;
+    let prob_grads = each("prob_grads", &inp.prob_grads, floats)?;
+    let grad_y = each("grad_y", &inp.grad_y, rows_of)?;
     out.y = combine_with_unpermute_in(&rows, &handle, order)?
         .iter()
         .map(bf16_bytes)

@@ -374,56 +374,6 @@ impl Gpu {
         })
     }
 
-    /// Makes this handle's stream wait for everything queued so far on `stream`, a stream of
-    /// another library on the same device (a framework's current stream), without blocking the
-    /// host.
-    ///
-    /// # Safety
-    /// `stream` must be a live stream of this device's primary context, or 0 (the legacy
-    /// default stream).
-    pub unsafe fn wait_for_stream(&self, stream: u64) -> Result<()> {
-        self.bind()?;
-        let mut event = std::ptr::null_mut();
-        // SAFETY: the context is current; the event is destroyed below, which the driver
-        // defers until the wait on it has resolved.
-        check("cuEventCreate", unsafe {
-            sys::cuEventCreate(
-                &mut event,
-                sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
-            )
-        })?;
-        let other = stream as sys::CUstream;
-        // SAFETY: the caller's contract on `stream`; the event belongs to the bound context.
-        let waited =
-            check("cuEventRecord", unsafe { sys::cuEventRecord(event, other) }).and_then(|()| {
-                check("cuStreamWaitEvent", unsafe {
-                    sys::cuStreamWaitEvent(self.cu_stream(), event, 0)
-                })
-            });
-        // SAFETY: created above, destroyed once.
-        unsafe { sys::cuEventDestroy_v2(event) };
-        waited
-    }
-
-    /// Fills `out` from the device address `src` (memory of any device, unified addressing),
-    /// ordered on this handle's stream; waits for the copy.
-    ///
-    /// # Safety
-    /// `src` must address `size_of_val(out)` bytes of live device memory holding valid `T`s.
-    pub unsafe fn read_address<T: Pod>(&self, src: u64, out: &mut [T]) -> Result<()> {
-        let bytes = std::mem::size_of_val(out);
-        if bytes == 0 {
-            return Ok(());
-        }
-        self.bind()?;
-        // SAFETY: the caller's contract on `src`; `out` is written only by this copy, which
-        // completes before return.
-        check("cuMemcpyDtoHAsync", unsafe {
-            sys::cuMemcpyDtoHAsync_v2(out.as_mut_ptr().cast(), src, bytes, self.cu_stream())
-        })?;
-        self.synchronize()
-    }
-
     /// Two timing events (`CU_EVENT_DEFAULT`) on this stream.
     pub fn timer(&self) -> Result<Timer> {
         self.bind()?;
@@ -514,6 +464,14 @@ impl DeviceBuffer {
         }
     }
 
+    /// The device address of byte `offset`, checked to have `bytes` bytes of the buffer from
+    /// there: a range to copy to or from foreign memory with [`Gpu::copy_raw`] on the `Gpu`
+    /// that allocated the buffer, whose stream orders the buffer's own copies too.
+    pub fn ptr_at(&self, offset: usize, bytes: usize) -> Result<u64> {
+        self.fits("bytes", offset, bytes)?;
+        Ok(self.ptr + offset as u64)
+    }
+
     /// Copies `data` to the start of the buffer.
     pub fn upload<T: Pod>(&self, data: &[T]) -> Result<()> {
         self.upload_at(0, data)
@@ -564,52 +522,6 @@ impl DeviceBuffer {
         check("cuMemcpyDtoHAsync", unsafe {
             sys::cuMemcpyDtoHAsync_v2(
                 out.as_mut_ptr().cast(),
-                self.ptr + offset as u64,
-                bytes,
-                self.stream.cu_stream(),
-            )
-        })?;
-        Ok(self.stream.synchronize()?)
-    }
-
-    /// Copies `bytes` from the device address `src` (memory of any device, unified addressing)
-    /// to byte `offset` of the buffer, ordered on the buffer's stream; waits for the copy.
-    ///
-    /// # Safety
-    /// `src` must address `bytes` bytes of live device memory.
-    pub unsafe fn copy_from_address(&self, offset: usize, src: u64, bytes: usize) -> Result<()> {
-        self.fits("bytes", offset, bytes)?;
-        if bytes == 0 {
-            return Ok(());
-        }
-        self.ctx.bind_to_thread()?;
-        // SAFETY: the destination lies inside the allocation; the caller's contract on `src`.
-        check("cuMemcpyDtoDAsync", unsafe {
-            sys::cuMemcpyDtoDAsync_v2(
-                self.ptr + offset as u64,
-                src,
-                bytes,
-                self.stream.cu_stream(),
-            )
-        })?;
-        Ok(self.stream.synchronize()?)
-    }
-
-    /// Copies `bytes` from byte `offset` of the buffer to the device address `dst`, ordered on
-    /// the buffer's stream; waits for the copy.
-    ///
-    /// # Safety
-    /// `dst` must address `bytes` bytes of live device memory that nothing else uses meanwhile.
-    pub unsafe fn copy_to_address(&self, offset: usize, dst: u64, bytes: usize) -> Result<()> {
-        self.fits("bytes", offset, bytes)?;
-        if bytes == 0 {
-            return Ok(());
-        }
-        self.ctx.bind_to_thread()?;
-        // SAFETY: the source lies inside the allocation; the caller's contract on `dst`.
-        check("cuMemcpyDtoDAsync", unsafe {
-            sys::cuMemcpyDtoDAsync_v2(
-                dst,
                 self.ptr + offset as u64,
                 bytes,
                 self.stream.cu_stream(),

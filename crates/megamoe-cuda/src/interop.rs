@@ -4,14 +4,16 @@
 //! Framework interop: a [`Gpu`]'s stream is ordered after a foreign stream and back with one
 //! event each way ([`Gpu::wait_for`], [`Gpu::release_to`]), so the foreign stream sees the
 //! calls as if they had been queued on it, while ranks sharing a GPU (virtual ranks) still run
-//! concurrently on their own streams; raw device addresses are copied with [`Gpu::copy_raw`].
+//! concurrently on their own streams; raw device addresses are copied with [`Gpu::copy_raw`]
+//! (a [`DeviceBuffer`]'s range by [`DeviceBuffer::ptr_at`]) and read to the host with
+//! [`Gpu::read_address`].
 //!
 //! IPC: a [`DeviceBuffer`] (from `cuMemAlloc`; stream-ordered pool memory cannot be exported)
 //! gives its [`IpcHandle`]; another process opens it with [`IpcMapping::open`].
 
 use cudarc::driver::sys;
 
-use crate::device::{DeviceBuffer, Gpu};
+use crate::device::{DeviceBuffer, Gpu, Pod};
 use crate::error::{check, Error, Result};
 
 /// Bytes of a `CUipcMemHandle`.
@@ -91,6 +93,25 @@ impl Gpu {
         check("cuMemcpyDtoDAsync", unsafe {
             sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, self.cu_stream())
         })
+    }
+
+    /// Fills `out` from the device address `src` (memory of any device, unified addressing),
+    /// ordered on this handle's stream; waits for the copy.
+    ///
+    /// # Safety
+    /// `src` must address `size_of_val(out)` bytes of live device memory holding valid `T`s.
+    pub unsafe fn read_address<T: Pod>(&self, src: u64, out: &mut [T]) -> Result<()> {
+        let bytes = std::mem::size_of_val(out);
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: the caller's contract on `src`; `out` is written only by this copy, which
+        // completes before return.
+        check("cuMemcpyDtoHAsync", unsafe {
+            sys::cuMemcpyDtoHAsync_v2(out.as_mut_ptr().cast(), src, bytes, self.cu_stream())
+        })?;
+        self.synchronize()
     }
 
     /// Sets `bytes` bytes at device address `dst` to `value`, ordered on this handle's stream.

@@ -11,7 +11,7 @@
 //! see `y`, and the caller may reuse its input tensors at once.
 
 use megamoe_core::Error;
-use megamoe_cuda::DeviceBuffer;
+use megamoe_cuda::{DeviceBuffer, Gpu};
 
 use crate::error::{LayerError, Result};
 use crate::layer::MoeLayer;
@@ -44,29 +44,43 @@ impl DeviceActivations {
     }
 
     /// Copies the rows into the first of `places` (bf16) or the rows and scales into the other
-    /// two (e4m3), each a buffer and a byte offset, of `hidden` columns; returns whether the
-    /// rows were bf16 (the quantizer must then run first).
+    /// two (e4m3), each a buffer of `gpu` and a byte offset, of `hidden` columns; returns
+    /// whether the rows were bf16 (the quantizer must then run first).
     pub(crate) fn copy_into(
         &self,
+        gpu: &Gpu,
         places: [(&DeviceBuffer, usize); 3],
         hidden: usize,
     ) -> Result<bool> {
         let [bf16, rows, scales] = places;
         let t = self.tokens;
-        // SAFETY: the contract of `new`; the destinations' bounds are checked by the copies.
-        unsafe {
-            match self.scales {
-                None => bf16.0.copy_from_address(bf16.1, self.x, t * hidden * 2)?,
-                Some(s) => {
-                    rows.0.copy_from_address(rows.1, self.x, t * hidden)?;
-                    scales
-                        .0
-                        .copy_from_address(scales.1, s, t * hidden / 128 * 4)?;
-                }
+        let copy = |(buf, offset): (&DeviceBuffer, usize), src, bytes| -> Result<()> {
+            let dst = buf.ptr_at(offset, bytes)?;
+            // SAFETY: the contract of `new` on `src`; the destination lies inside the buffer.
+            unsafe { copy_and_wait(gpu, dst, src, bytes) }
+        };
+        match self.scales {
+            None => copy(bf16, self.x, t * hidden * 2)?,
+            Some(s) => {
+                copy(rows, self.x, t * hidden)?;
+                copy(scales, s, t * hidden / 128 * 4)?;
             }
         }
         Ok(self.scales.is_none())
     }
+}
+
+/// Copies `bytes` between device addresses on `gpu`'s stream and waits for the copy: the
+/// caller's tensors are free to reuse, and `y` written, once a call returns. The layer's
+/// buffers of a rank are allocated by its GPU handle, so the copy is ordered with their
+/// uploads and launches.
+///
+/// # Safety
+/// As [`Gpu::copy_raw`].
+unsafe fn copy_and_wait(gpu: &Gpu, dst: u64, src: u64, bytes: usize) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { gpu.copy_raw(dst, src, bytes)? };
+    Ok(gpu.synchronize()?)
 }
 
 /// Integers of `topk_idx` on the device.
@@ -129,8 +143,7 @@ impl MoeLayer {
         let mut routing = Vec::with_capacity(spec.ranks);
         for (r, (t, &stream)) in tensors.iter().zip(streams).enumerate() {
             let gpu = self.gpu(r);
-            // SAFETY: the caller's contract on `streams`.
-            unsafe { gpu.wait_for_stream(stream)? };
+            gpu.wait_for(stream)?;
             let slots = t.x.tokens() * k;
             let mut topk_weights = vec![0f32; slots];
             // SAFETY: the caller's contract on the addresses.
@@ -163,24 +176,13 @@ impl MoeLayer {
                 topk_weights: &host.topk_weights,
             })
             .collect();
-        let h = spec.shape.hidden;
-        match self {
-            MoeLayer::Split(l) => {
-                let staged = l.run(&inputs, num_tokens_bound)?;
-                for (r, t) in tensors.iter().enumerate() {
-                    let (buf, offset) = l.output(r);
-                    // SAFETY: the caller's contract on `y`.
-                    unsafe { buf.copy_to_address(offset, t.y, staged.tokens[r] * h * 2)? };
-                }
-            }
-            MoeLayer::Fused(l) => {
-                let staged = l.run(&inputs, num_tokens_bound)?;
-                for (r, t) in tensors.iter().enumerate() {
-                    let (buf, offset) = l.output(r);
-                    // SAFETY: the caller's contract on `y`.
-                    unsafe { buf.copy_to_address(offset, t.y, staged.tokens[r] * h * 2)? };
-                }
-            }
+        let tokens = self.run(&inputs, num_tokens_bound)?;
+        for (r, t) in tensors.iter().enumerate() {
+            let bytes = tokens[r] * spec.shape.hidden * 2;
+            let (buf, offset) = self.output(r);
+            let src = buf.ptr_at(offset, bytes)?;
+            // SAFETY: the caller's contract on `y`; the source lies inside the buffer.
+            unsafe { copy_and_wait(self.gpu(r), t.y, src, bytes)? };
         }
         Ok(())
     }

@@ -562,7 +562,7 @@ impl FusedLayer {
                         (buf, off("x")),
                         (buf, off("x_scales")),
                     ];
-                    bf16.push(x.copy_into(places, s.shape.hidden)?);
+                    bf16.push(x.copy_into(&self.ranks[r].gpu, places, s.shape.hidden)?);
                 }
             }
         }

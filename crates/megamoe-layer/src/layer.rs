@@ -3,6 +3,7 @@
 
 use half::bf16;
 use megamoe_core::weights::RankWeightsFp8;
+use megamoe_cuda::DeviceBuffer;
 
 use crate::error::Result;
 use crate::fused::FusedLayer;
@@ -44,6 +45,28 @@ impl MoeLayer {
         match self {
             MoeLayer::Split(l) => l.forward(inputs, num_tokens_bound),
             MoeLayer::Fused(l) => l.forward(inputs, num_tokens_bound),
+        }
+    }
+
+    /// [`Self::forward`] up to the outputs, which stay on the device ([`Self::output`]);
+    /// returns every rank's T.
+    pub(crate) fn run(
+        &mut self,
+        inputs: &[RankInput],
+        num_tokens_bound: Option<usize>,
+    ) -> Result<Vec<usize>> {
+        Ok(match self {
+            MoeLayer::Split(l) => l.run(inputs, num_tokens_bound)?.tokens,
+            MoeLayer::Fused(l) => l.run(inputs, num_tokens_bound)?.tokens,
+        })
+    }
+
+    /// Where rank `rank`'s output of the last call is: bf16 `[T, H]` from a byte offset of a
+    /// buffer of its GPU.
+    pub(crate) fn output(&self, rank: usize) -> (&DeviceBuffer, usize) {
+        match self {
+            MoeLayer::Split(l) => l.output(rank),
+            MoeLayer::Fused(l) => l.output(rank),
         }
     }
 

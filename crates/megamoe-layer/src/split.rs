@@ -313,7 +313,7 @@ impl SplitLayer {
                         (buf, layout.in_rows),
                         (buf, layout.in_scales),
                     ];
-                    bf16.push(x.copy_into(places, self.spec.shape.hidden)?);
+                    bf16.push(x.copy_into(&self.ranks[r].gpu, places, self.spec.shape.hidden)?);
                 }
             }
         }

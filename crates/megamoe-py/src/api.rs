@@ -26,7 +26,8 @@ pub struct LayerArgs<'a> {
     pub clamp: Option<f64>,
 }
 
-fn count(arg: &'static str, v: i64) -> Result<usize> {
+/// A count Python passed as a signed int; a negative one is a `ValueError` naming `arg`.
+pub(crate) fn count(arg: &str, v: i64) -> Result<usize> {
     usize::try_from(v).map_err(|_| Error::Value(format!("{arg}: {v} must not be negative")))
 }
 
@@ -155,6 +156,16 @@ pub(crate) fn gpus() -> std::result::Result<usize, String> {
         Ok(n) => Ok(n),
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// Why no GPU call can be made here, as the exception says it.
+pub fn require_gpu() -> Result<usize> {
+    gpus().map_err(|reason| {
+        Error::Runtime(format!(
+            "the GPU layer needs a CUDA GPU and its driver: {reason} (megamoe.info() lists what \
+             is missing)"
+        ))
+    })
 }
 
 pub fn gpu_available() -> bool {

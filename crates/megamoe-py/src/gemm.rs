@@ -7,8 +7,8 @@
 use megamoe_cuda::Gpu;
 use megamoe_gemm::{choose, GemmError, GemmPointers, GemmProblem, GroupedGemm, Layout, OutDtype};
 
+use crate::api::require_gpu;
 use crate::error::{Error, Result};
-use crate::layer::require_gpu;
 
 /// The sizes of one call, from the tensors' shapes (lib.rs of megamoe-gemm has the layouts).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,12 +105,10 @@ pub unsafe fn grouped_gemm(
 ) -> Result<()> {
     require_gpu()?;
     let gpu = Gpu::new(device)?;
-    // SAFETY: the caller's contract on `stream` and the addresses.
+    gpu.wait_for(stream)?;
     let mut expert_rows = vec![0i32; shape.experts];
-    unsafe {
-        gpu.wait_for_stream(stream)?;
-        gpu.read_address(tensors.expert_rows, &mut expert_rows)?;
-    }
+    // SAFETY: the caller's contract on the addresses.
+    unsafe { gpu.read_address(tensors.expert_rows, &mut expert_rows)? };
     let rows_per_expert = check_expert_rows(shape, &expert_rows)?;
     let problem = GemmProblem {
         experts: shape.experts,

@@ -8,7 +8,7 @@ use megamoe_core::weights::RankWeightsFp8;
 use megamoe_cuda::Gpu;
 use megamoe_layer::{DeviceRankTensors, LayerSpec, MoeLayer};
 
-use crate::api::{gpus, LayerArgs};
+use crate::api::{count, require_gpu, LayerArgs};
 use crate::error::{Error, Result};
 
 /// A layer of `spec`; its buffers and kernels exist once its weights are loaded (they are
@@ -27,16 +27,6 @@ pub struct WeightTensors {
     pub w1_scales: u64,
     pub w2: u64,
     pub w2_scales: u64,
-}
-
-/// Why no GPU call can be made here, as the exception says it.
-pub fn require_gpu() -> Result<usize> {
-    gpus().map_err(|reason| {
-        Error::Runtime(format!(
-            "the GPU layer needs a CUDA GPU and its driver: {reason} (megamoe.info() lists what \
-             is missing)"
-        ))
-    })
 }
 
 impl GpuLayer {
@@ -79,8 +69,7 @@ impl GpuLayer {
         let (h, i) = (s.shape.hidden, s.shape.inter);
         let el = s.shape.local_experts(s.ranks);
         let gpu = Gpu::new(device)?;
-        // SAFETY: the caller's contract on `stream`.
-        unsafe { gpu.wait_for_stream(stream)? };
+        gpu.wait_for(stream)?;
         let blocks = |rows: usize, cols: usize| rows / 128 * (cols / 128);
         let mut ranks = Vec::with_capacity(s.ranks);
         for r in 0..s.ranks {
@@ -119,11 +108,7 @@ impl GpuLayer {
         streams: &[u64],
     ) -> Result<()> {
         let bound = num_tokens_bound
-            .map(|b| {
-                usize::try_from(b).map_err(|_| {
-                    Error::Value(format!("num_tokens_bound: {b} must not be negative"))
-                })
-            })
+            .map(|b| count("num_tokens_bound", b))
             .transpose()?;
         let layer = self.layer.as_mut().ok_or_else(|| {
             Error::Runtime("the layer has no weights yet: call load_weights first".into())
@@ -300,6 +285,7 @@ pub(crate) mod bindings {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::gpus;
 
     fn tiny(kind: &'static str) -> LayerArgs<'static> {
         LayerArgs {

@@ -1,0 +1,565 @@
+//! Dispatch / combine with fused permute (SPEC §5) for PyTorch tensors, the CPU reference they
+//! are checked against, and the CUDA IPC exchange of one process per GPU.
+//!
+//! Tensors cross as their metadata ([`tensor::TensorArg`]: data pointer, dtype, shape,
+//! contiguity, device), read from the torch objects without linking libtorch; every tensor of a
+//! call is checked before anything is copied or launched. A call runs on the ranks' own streams,
+//! ordered after the caller's stream and back with one event each way: to the caller it is as
+//! if it ran on its current stream, and ranks sharing a GPU (virtual ranks) still run together.
+//! Tensors are copied into the world's symmetric buffer, where peers read them, and results
+//! copied out; the calls block (the output sizes are known when they return).
+//!
+//! Here the world and its calls; [`tensor`] the checks of their tensor arguments,
+//! [`mod@reference`] megamoe-core's CPU answers, [`ipc`] symmetric memory over CUDA IPC and `py`
+//! the Python classes.
+
+use megamoe_cuda::Gpu;
+use megamoe_ep::{
+    BufferSpec, CombineOrder, EpConfig, EpError, EpWorld, Handle, RowDtype, SyncMode,
+};
+
+use crate::api::count;
+use crate::error::{Error, Result};
+use tensor::{per_rank, TensorArg, BF16, F32, FP8, I32};
+
+pub mod ipc;
+#[cfg(not(test))]
+pub mod py;
+pub mod reference;
+pub mod tensor;
+
+impl From<EpError> for Error {
+    fn from(e: EpError) -> Self {
+        match e {
+            EpError::Input { rank, source } => {
+                let inner = Error::from(source);
+                Error::Value(format!("rank {rank}: {}", inner.message()))
+            }
+            EpError::Overflow {
+                rank,
+                needed,
+                bound,
+            } => Error::Value(format!(
+                "num_rows_bound: rank {rank}'s dispatch needs {needed} rows, the bound is \
+                 {bound}; no rows were moved"
+            )),
+            other => Error::Runtime(other.to_string()),
+        }
+    }
+}
+
+pub fn combine_order(order: &str) -> Result<CombineOrder> {
+    CombineOrder::by_name(order).ok_or_else(|| {
+        Error::Value(format!(
+            "order: {order:?} must be \"per_rank\" or \"exact\""
+        ))
+    })
+}
+
+/// The arguments of the world's constructor, as Python passed them.
+#[derive(Clone, Debug)]
+pub struct WorldArgs<'a> {
+    pub num_ranks: i64,
+    pub num_experts: i64,
+    pub num_topk: i64,
+    pub hidden: i64,
+    pub num_max_tokens_per_rank: i64,
+    pub max_pad_multiple: i64,
+    pub dtype: &'a str,
+    pub num_sms: Option<i64>,
+    pub deadline_ms: Option<i64>,
+}
+
+impl WorldArgs<'_> {
+    /// The checked configuration (no GPU touched).
+    pub fn config(&self) -> Result<EpConfig> {
+        let spec = BufferSpec {
+            ranks: count("num_ranks", self.num_ranks)?,
+            experts: count("num_experts", self.num_experts)?,
+            topk: count("num_topk", self.num_topk)?,
+            hidden: count("hidden", self.hidden)?,
+            max_tokens: count("num_max_tokens_per_rank", self.num_max_tokens_per_rank)?,
+            max_pad_multiple: count("max_pad_multiple", self.max_pad_multiple)?,
+        };
+        spec.validate()?;
+        let dtype = match self.dtype {
+            "bf16" => RowDtype::Bf16,
+            "fp8" => RowDtype::Fp8,
+            other => {
+                return Err(Error::Value(format!(
+                    "dtype: {other:?} must be \"bf16\" or \"fp8\""
+                )))
+            }
+        };
+        let mut config = EpConfig::new(spec, dtype);
+        if let Some(n) = self.num_sms {
+            config.num_sms = count("num_sms", n)?;
+            if config.num_sms == 0 {
+                return Err(Error::Value("num_sms: must be at least 1".into()));
+            }
+        }
+        if let Some(ms) = self.deadline_ms {
+            config.deadline = std::time::Duration::from_millis(count("deadline_ms", ms)? as u64);
+        }
+        Ok(config)
+    }
+}
+
+/// A dispatch's routing state on every rank, reused by its combine and both backwards;
+/// allocated once ([`World::new_dispatch`]) and refilled by every [`World::dispatch`] into it,
+/// so that a captured graph replays on the same one.
+pub struct Dispatch {
+    handle: Handle,
+    /// The world that made it ([`World::id`]).
+    world: usize,
+    pub tokens: Vec<usize>,
+    /// Rows per rank: exact after a blocking dispatch, the caller's bound after a non-blocking
+    /// one (the rows past the dispatch's own are then left as they were).
+    pub rows: Vec<usize>,
+    /// Padded rows per local expert of every rank; None after a non-blocking dispatch (they
+    /// stay on the device: [`World::read_dispatch`] copies them out).
+    pub tokens_per_expert: Option<Vec<Vec<u32>>>,
+}
+
+impl Dispatch {
+    /// The sync mode the dispatch ran with, which its combine and backwards keep.
+    fn mode(&self) -> SyncMode {
+        match self.tokens_per_expert {
+            Some(_) => SyncMode::Blocking,
+            None => SyncMode::NonBlocking {
+                row_bound: self.rows.first().copied().unwrap_or(0),
+            },
+        }
+    }
+}
+
+/// One process's world of ranks (virtual ranks where they outnumber the GPUs).
+pub struct World {
+    ep: EpWorld,
+    id: usize,
+}
+
+static NEXT_WORLD: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+impl World {
+    pub fn new(args: &WorldArgs) -> Result<World> {
+        let config = args.config()?;
+        Ok(World {
+            ep: EpWorld::new(config)?,
+            id: NEXT_WORLD.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        })
+    }
+
+    pub fn spec(&self) -> BufferSpec {
+        self.ep.config.spec
+    }
+
+    pub fn dtype(&self) -> RowDtype {
+        self.ep.config.dtype
+    }
+
+    /// The torch dtypes of the buffer's rows.
+    fn row_dtypes(&self) -> &'static [&'static str] {
+        match self.dtype() {
+            RowDtype::Bf16 => &[BF16],
+            RowDtype::Fp8 => &FP8,
+        }
+    }
+
+    fn gpu(&self, rank: usize) -> &Gpu {
+        &self.ep.rank(rank).gpu
+    }
+
+    /// The CUDA device of rank `rank`.
+    pub fn device(&self, rank: usize) -> usize {
+        self.gpu(rank).ordinal()
+    }
+
+    /// The CUDA context rank `rank`'s work runs in (its device's primary context).
+    pub fn context_handle(&self, rank: usize) -> Result<u64> {
+        Ok(self.gpu(rank).context_handle()?)
+    }
+
+    fn check_dispatch(&self, d: &Dispatch) -> Result<()> {
+        if d.world != self.id {
+            return Err(Error::Value(
+                "handle: comes from a dispatch of another buffer".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// As [`Self::check_dispatch`], for calls that use what a dispatch left in it.
+    fn check_filled(&self, d: &Dispatch) -> Result<()> {
+        self.check_dispatch(d)?;
+        if d.rows.len() != self.ep.ranks() {
+            return Err(Error::Value("handle: no dispatch has filled it yet".into()));
+        }
+        Ok(())
+    }
+
+    /// Runs `body` with every rank's stream ordered after `streams[rank]` (the caller's
+    /// current stream on that rank's device), and the caller's streams ordered after it.
+    fn on_streams(&self, streams: &[u64], body: impl FnOnce() -> Result<()>) -> Result<()> {
+        if streams.len() != self.ep.ranks() {
+            return Err(Error::Value(format!(
+                "streams: {} for {} ranks",
+                streams.len(),
+                self.ep.ranks()
+            )));
+        }
+        for (r, &s) in streams.iter().enumerate() {
+            self.gpu(r).wait_for(s)?;
+        }
+        let result = body();
+        for (r, &s) in streams.iter().enumerate() {
+            self.gpu(r).release_to(s)?;
+        }
+        result
+    }
+
+    /// Copies `bytes` from `src` to `dst` on rank `rank`'s stream.
+    fn copy(&self, rank: usize, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        // SAFETY: every torch tensor was checked (device, shape, dtype, contiguity) to hold
+        // `bytes`, and every buffer offset lies inside the world's allocations; the caller's
+        // stream waits for these copies before it can free the tensors.
+        unsafe { self.gpu(rank).copy_raw(dst, src, bytes)? };
+        Ok(())
+    }
+
+    /// A routing state for [`Self::dispatch`] (device memory: allocate it before capturing).
+    pub fn new_dispatch(&self) -> Result<Dispatch> {
+        Ok(Dispatch {
+            handle: self.ep.new_handle()?,
+            world: self.id,
+            tokens: vec![],
+            rows: vec![],
+            tokens_per_expert: Some(vec![]),
+        })
+    }
+
+    /// Reports the first failure of the non-blocking calls since the last sync (an overflow of
+    /// the row bound, bad routing, a wait past its deadline), after waiting for them and for
+    /// what the caller's `streams` hold (a replayed graph runs there, not on the ranks' streams).
+    pub fn sync(&self, streams: &[u64]) -> Result<()> {
+        self.on_streams(streams, || Ok(self.ep.sync()?))
+    }
+
+    /// dispatch_with_permute into `d`: `x[r]` `[T_r, H]` (bf16, or e4m3 with `x_scales[r]`
+    /// `[T_r, H/128]` f32), `topk_idx[r]` i32 and `probs[r]` f32 `[T_r, K]`. Blocking without
+    /// `row_bound` (the sizes are then known); with it, non-blocking and capturable: every rank's
+    /// rows must fit the bound, and a failure is reported by the next [`Self::sync`].
+    /// [`Self::read_dispatch`] then copies the rows out.
+    #[allow(clippy::too_many_arguments)]
+    pub fn dispatch(
+        &self,
+        d: &mut Dispatch,
+        x: &[TensorArg],
+        x_scales: &[TensorArg],
+        topk_idx: &[TensorArg],
+        probs: &[TensorArg],
+        pad_multiple: i64,
+        row_bound: Option<i64>,
+        streams: &[u64],
+    ) -> Result<()> {
+        self.check_dispatch(d)?;
+        let s = self.spec();
+        let mode = match row_bound {
+            None => SyncMode::Blocking,
+            Some(b) => {
+                let b = count("num_rows_bound", b)?;
+                if b > s.max_rows() {
+                    return Err(Error::Value(format!(
+                        "num_rows_bound: {b} exceeds the buffer's {} rows",
+                        s.max_rows()
+                    )));
+                }
+                SyncMode::NonBlocking { row_bound: b }
+            }
+        };
+        let (h, k, ranks) = (s.hidden, s.topk, s.ranks);
+        let dtype = self.dtype();
+        let x = per_rank("x", x, ranks)?;
+        let idx = per_rank("topk_idx", topk_idx, ranks)?;
+        let probs = per_rank("probs", probs, ranks)?;
+        let x_scales = match dtype {
+            RowDtype::Fp8 => per_rank("x_scales", x_scales, ranks)?,
+            RowDtype::Bf16 if x_scales.is_empty() => x_scales,
+            RowDtype::Bf16 => {
+                return Err(Error::Value(
+                    "x_scales: given to a bf16 buffer (only fp8 rows carry scales)".into(),
+                ))
+            }
+        };
+        let pad_multiple = count("pad_multiple", pad_multiple)?;
+        let mut tokens = Vec::with_capacity(ranks);
+        for r in 0..ranks {
+            let dev = self.device(r);
+            x[r].check(&format!("x[{r}]"), self.row_dtypes(), &[None, Some(h)], dev)?;
+            let t = x[r].rows();
+            if t > s.max_tokens {
+                return Err(Error::Value(format!(
+                    "x[{r}]: {t} tokens exceed num_max_tokens_per_rank = {}",
+                    s.max_tokens
+                )));
+            }
+            if dtype == RowDtype::Fp8 {
+                x_scales[r].check(
+                    &format!("x_scales[{r}]"),
+                    &[F32],
+                    &[Some(t), Some(h / 128)],
+                    dev,
+                )?;
+            }
+            idx[r].check(&format!("topk_idx[{r}]"), &[I32], &[Some(t), Some(k)], dev)?;
+            probs[r].check(&format!("probs[{r}]"), &[F32], &[Some(t), Some(k)], dev)?;
+            tokens.push(t);
+        }
+        // Unfilled until the dispatch succeeds: a failed one leaves nothing to combine.
+        d.rows.clear();
+        let mut sizes = None;
+        self.on_streams(streams, || {
+            for r in 0..ranks {
+                let p = self.ep.ptrs(r);
+                let t = tokens[r];
+                self.copy(r, p.x, x[r].ptr, t * dtype.row_bytes(h))?;
+                if dtype == RowDtype::Fp8 {
+                    self.copy(r, p.x_scales, x_scales[r].ptr, t * (h / 128) * 4)?;
+                }
+                self.copy(r, p.topk_idx, idx[r].ptr, t * k * 4)?;
+                self.copy(r, p.probs, probs[r].ptr, t * k * 4)?;
+            }
+            sizes = self
+                .ep
+                .dispatch_with_permute(&tokens, pad_multiple, mode, &mut d.handle)?;
+            Ok(())
+        })?;
+        d.tokens = tokens;
+        match (sizes, mode) {
+            (Some(sizes), _) => {
+                d.rows = sizes.iter().map(|d| d.rows).collect();
+                d.tokens_per_expert =
+                    Some(sizes.into_iter().map(|d| d.tokens_per_expert).collect());
+            }
+            (None, SyncMode::NonBlocking { row_bound }) => {
+                d.rows = vec![row_bound; ranks];
+                d.tokens_per_expert = None;
+            }
+            (None, SyncMode::Blocking) => unreachable!("a blocking dispatch reports its sizes"),
+        }
+        Ok(())
+    }
+
+    /// Copies the rows of the last dispatch (`d`) out: `rows[r]` `[rows_r, H]` (the buffer's
+    /// dtype), `scales[r]` `[rows_r, H/128]` f32 (fp8), `probs[r]` `[rows_r]` f32, and, when
+    /// given, `tokens_per_expert[r]` i32 `[E_l]` (the padded rows of each local expert).
+    #[allow(clippy::too_many_arguments)]
+    pub fn read_dispatch(
+        &self,
+        d: &Dispatch,
+        rows: &[TensorArg],
+        scales: &[TensorArg],
+        probs: &[TensorArg],
+        tokens_per_expert: &[TensorArg],
+        streams: &[u64],
+    ) -> Result<()> {
+        self.check_filled(d)?;
+        let s = self.spec();
+        let (h, ranks, dtype) = (s.hidden, s.ranks, self.dtype());
+        let rows = per_rank("rows", rows, ranks)?;
+        let probs = per_rank("probs", probs, ranks)?;
+        let scales = match dtype {
+            RowDtype::Fp8 => per_rank("scales", scales, ranks)?,
+            RowDtype::Bf16 => scales,
+        };
+        let counts = match tokens_per_expert.is_empty() {
+            true => tokens_per_expert,
+            false => per_rank("tokens_per_expert", tokens_per_expert, ranks)?,
+        };
+        let local = s.local_experts();
+        for r in 0..ranks {
+            let (dev, n) = (self.device(r), d.rows[r]);
+            if let Some(c) = counts.get(r) {
+                c.check(
+                    &format!("tokens_per_expert[{r}]"),
+                    &[I32],
+                    &[Some(local)],
+                    dev,
+                )?;
+            }
+            rows[r].check(
+                &format!("rows[{r}]"),
+                self.row_dtypes(),
+                &[Some(n), Some(h)],
+                dev,
+            )?;
+            if dtype == RowDtype::Fp8 {
+                scales[r].check(
+                    &format!("scales[{r}]"),
+                    &[F32],
+                    &[Some(n), Some(h / 128)],
+                    dev,
+                )?;
+            }
+            probs[r].check(&format!("probs[{r}]"), &[F32], &[Some(n)], dev)?;
+        }
+        self.on_streams(streams, || {
+            for r in 0..ranks {
+                let (p, n) = (self.ep.ptrs(r), d.rows[r]);
+                self.copy(r, rows[r].ptr, p.out_rows, n * dtype.row_bytes(h))?;
+                if dtype == RowDtype::Fp8 {
+                    self.copy(r, scales[r].ptr, p.out_scales, n * (h / 128) * 4)?;
+                }
+                self.copy(r, probs[r].ptr, p.out_probs, n * 4)?;
+                if let Some(c) = counts.get(r) {
+                    let padded = self.ep.handle_ptrs(&d.handle, r).padded;
+                    self.copy(r, c.ptr, padded, local * 4)?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// combine_with_unpermute (blocking) of `rows[r]` bf16 `[rows_r, H]` into `y[r]` bf16
+    /// `[T_r, H]` in `order`. With `prob_grads` (`[rows_r]` f32) and `grad_probs` (`[T_r, K]`
+    /// f32) it is dispatch's backward: the prob gradients are scattered back too.
+    #[allow(clippy::too_many_arguments)]
+    pub fn combine(
+        &self,
+        d: &Dispatch,
+        rows: &[TensorArg],
+        prob_grads: Option<(&[TensorArg], &[TensorArg])>,
+        order: &str,
+        y: &[TensorArg],
+        streams: &[u64],
+    ) -> Result<()> {
+        self.check_filled(d)?;
+        let order = combine_order(order)?;
+        let s = self.spec();
+        let (h, k, ranks) = (s.hidden, s.topk, s.ranks);
+        let rows = per_rank("rows", rows, ranks)?;
+        let y = per_rank("y", y, ranks)?;
+        let grads = match prob_grads {
+            Some((g, out)) => Some((
+                per_rank("prob_grads", g, ranks)?,
+                per_rank("grad_probs", out, ranks)?,
+            )),
+            None => None,
+        };
+        for r in 0..ranks {
+            let (dev, n, t) = (self.device(r), d.rows[r], d.tokens[r]);
+            rows[r].check(&format!("rows[{r}]"), &[BF16], &[Some(n), Some(h)], dev)?;
+            y[r].check(&format!("y[{r}]"), &[BF16], &[Some(t), Some(h)], dev)?;
+            if let Some((g, out)) = grads {
+                g[r].check(&format!("prob_grads[{r}]"), &[F32], &[Some(n)], dev)?;
+                out[r].check(
+                    &format!("grad_probs[{r}]"),
+                    &[F32],
+                    &[Some(t), Some(k)],
+                    dev,
+                )?;
+            }
+        }
+        self.on_streams(streams, || {
+            for r in 0..ranks {
+                let (p, n) = (self.ep.ptrs(r), d.rows[r]);
+                self.copy(r, p.comb_rows, rows[r].ptr, n * h * 2)?;
+                if let Some((g, _)) = grads {
+                    self.copy(r, p.comb_prob_grads, g[r].ptr, n * 4)?;
+                }
+            }
+            self.ep
+                .combine(&d.handle, grads.is_some(), order, d.mode())?;
+            for r in 0..ranks {
+                let (p, t) = (self.ep.ptrs(r), d.tokens[r]);
+                self.copy(r, y[r].ptr, p.y, t * h * 2)?;
+                if let Some((_, out)) = grads {
+                    self.copy(r, out[r].ptr, p.grad_probs, t * k * 4)?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Combine's backward (blocking): `grad_y[r]` bf16 `[T_r, H]` dispatched along `d`'s
+    /// routing into `grad_rows[r]` bf16 `[rows_r, H]` (padding rows zero).
+    pub fn combine_backward(
+        &self,
+        d: &Dispatch,
+        grad_y: &[TensorArg],
+        grad_rows: &[TensorArg],
+        streams: &[u64],
+    ) -> Result<()> {
+        self.check_filled(d)?;
+        let s = self.spec();
+        let (h, ranks) = (s.hidden, s.ranks);
+        let grad_y = per_rank("grad_y", grad_y, ranks)?;
+        let grad_rows = per_rank("grad_rows", grad_rows, ranks)?;
+        for r in 0..ranks {
+            let (dev, n, t) = (self.device(r), d.rows[r], d.tokens[r]);
+            grad_y[r].check(&format!("grad_y[{r}]"), &[BF16], &[Some(t), Some(h)], dev)?;
+            grad_rows[r].check(
+                &format!("grad_rows[{r}]"),
+                &[BF16],
+                &[Some(n), Some(h)],
+                dev,
+            )?;
+        }
+        self.on_streams(streams, || {
+            for (r, g) in grad_y.iter().enumerate() {
+                self.copy(r, self.ep.ptrs(r).x, g.ptr, d.tokens[r] * h * 2)?;
+            }
+            self.ep.combine_backward(&d.handle, d.mode())?;
+            for (r, g) in grad_rows.iter().enumerate() {
+                self.copy(r, g.ptr, self.ep.ptrs(r).out_rows, d.rows[r] * h * 2)?;
+            }
+            Ok(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_world_arguments_are_value_errors_before_any_gpu_is_touched() {
+        let args = WorldArgs {
+            num_ranks: 2,
+            num_experts: 64,
+            num_topk: 6,
+            hidden: 512,
+            num_max_tokens_per_rank: 128,
+            max_pad_multiple: 128,
+            dtype: "bf16",
+            num_sms: None,
+            deadline_ms: None,
+        };
+        assert!(args.config().is_ok());
+        let value = |a: WorldArgs| match a.config() {
+            Err(Error::Value(m)) => m,
+            other => panic!("{:?}", other.map(|c| c.spec)),
+        };
+        assert!(value(WorldArgs {
+            hidden: 100,
+            ..args.clone()
+        })
+        .contains("hidden"));
+        assert!(value(WorldArgs {
+            num_ranks: -1,
+            ..args.clone()
+        })
+        .starts_with("num_ranks: "));
+        assert!(value(WorldArgs {
+            dtype: "fp16",
+            ..args.clone()
+        })
+        .starts_with("dtype: "));
+        assert!(value(WorldArgs {
+            num_sms: Some(0),
+            ..args
+        })
+        .starts_with("num_sms: "));
+        assert!(matches!(combine_order("sum"), Err(Error::Value(m)) if m.starts_with("order: ")));
+    }
+}

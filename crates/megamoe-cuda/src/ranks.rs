@@ -322,9 +322,10 @@ impl World {
         }
     }
 
-    /// Runs `f` on every local rank, each in its own host thread with its GPU bound, and returns one
-    /// result per rank. If any rank fails, every rank's result is an error: the failing ranks
-    /// keep theirs, the others get [`Error::PeerFailed`] naming the first failed rank.
+    /// Runs `f` on every local rank, each in its own host thread with its GPU bound, and returns
+    /// one result per local rank. If any fails, every local rank's result is an error: the
+    /// failing ranks keep theirs, the others get [`Error::PeerFailed`] naming the first failed
+    /// rank (ranks of other processes fail their own `run`).
     ///
     /// Load modules ([`World::load`]) and allocate buffers before `run`, not inside it: module
     /// loads and frees may wait for the whole device, and with virtual ranks a rank blocked

@@ -128,7 +128,7 @@ pub struct EpWorld {
     /// The symmetric buffer every rank's kernels read and write (layout: [`BufferLayout`]).
     buffers: SymmetricBuffer,
     /// Each local rank's local inputs and outputs (layout: [`IoRegion`]). This and the kernels
-    /// are indexed by local rank ([`EpWorld::at`]).
+    /// are indexed by local rank (`at`).
     io: Vec<DeviceBuffer>,
     dispatch: Vec<Arc<Kernel>>,
     combine: Vec<Arc<Kernel>>,
@@ -455,8 +455,8 @@ impl EpWorld {
         Ok(Some(out))
     }
 
-    /// combine_with_unpermute on every local rank: y_t (into `RankPtrs::y`) is the bf16 sum of token
-    /// t's rows in `comb_rows` on their owners, in `order` (SPEC §5: `exact` or `per_rank`;
+    /// combine_with_unpermute on every local rank: y_t (into `RankPtrs::y`) is the bf16 sum of
+    /// token t's rows in `comb_rows` on their owners, in `order` (SPEC §5: `exact` or `per_rank`;
     /// `per_rank` overwrites the dispatch output rows, its scratch).
     pub fn combine_with_unpermute(
         &self,
@@ -662,7 +662,8 @@ impl EpWorld {
         Ok(WorldGraph { graphs })
     }
 
-    /// Launches a captured graph on every local rank's stream (non-blocking; errors at [`Self::sync`]).
+    /// Launches a captured graph on every local rank's stream (non-blocking; errors at
+    /// [`Self::sync`]).
     pub fn replay(&self, graph: &WorldGraph) -> Result<(), EpError> {
         for (r, g) in self.world.ranks().iter().zip(&graph.graphs) {
             r.gpu.launch_graph(g)?;
@@ -686,8 +687,8 @@ impl EpWorld {
     }
 
     /// Waits for every local rank's stream, then reports the first failure of the calls since
-    /// the last sync (rank order): a wait past its deadline (the world must then be rebuilt), else a call
-    /// the device rejected (cleared: the world stays usable).
+    /// the last sync (rank order): a wait past its deadline (the world must then be rebuilt),
+    /// else a call the device rejected (cleared: the world stays usable).
     pub fn sync(&self) -> Result<(), EpError> {
         for r in self.world.ranks() {
             r.gpu.synchronize()?;
@@ -715,8 +716,8 @@ impl EpWorld {
         }
     }
 
-    /// Every local rank's expired wait (rank order; None where none expired): after a [`Self::sync`]
-    /// that reported one, which rank waited for whom.
+    /// Every local rank's expired wait (rank order; None where none expired): after a
+    /// [`Self::sync`] that reported one, which rank waited for whom.
     pub fn expired_waits(&self) -> Result<Vec<Option<megamoe_cuda::Error>>, EpError> {
         let mut out = Vec::with_capacity(self.world.ranks().len());
         for r in self.world.ranks() {
@@ -982,6 +983,31 @@ mod tests {
             max_pad_multiple: 128,
         };
         EpConfig::new(spec, dtype)
+    }
+
+    /// An exchange that must never be reached.
+    struct Unreachable;
+
+    impl AllGather for Unreachable {
+        fn all_gather(&mut self, _: &[u8]) -> megamoe_cuda::Result<Vec<Vec<u8>>> {
+            panic!("the arguments should have been rejected before any exchange")
+        }
+    }
+
+    #[test]
+    fn one_rank_of_a_world_checks_its_arguments_before_touching_a_gpu() {
+        let e = EpWorld::for_rank(config(RowDtype::Bf16), 2, 0, Box::new(Unreachable))
+            .err()
+            .expect("rank 2 of 2 is rejected")
+            .to_string();
+        assert!(e.starts_with("rank 2: `rank`"), "{e}");
+        let mut bad = config(RowDtype::Fp8);
+        bad.num_sms = 0;
+        let e = EpWorld::for_rank(bad, 0, 0, Box::new(Unreachable))
+            .err()
+            .expect("0 SMs are rejected")
+            .to_string();
+        assert!(e.contains("`num_sms`"), "{e}");
     }
 
     proptest! {

@@ -102,7 +102,10 @@ struct Proc {
 /// What became of one process.
 struct Outcome {
     rank: usize,
+    /// None: killed after [`CASE_LIMIT`].
     status: Option<ExitStatus>,
+    /// From the start of the processes to this one's exit.
+    elapsed: Duration,
     log: String,
 }
 
@@ -167,12 +170,11 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     for &n in &args.ranks {
         for dtype in [Dtype::Bf16, Dtype::Fp8] {
             let name = format!("ep.procs.r{n}.{}", dtype.name());
-            failed += case.run(&name, n, dtype, DEADLINE_MS, &every_rank(n), |o, _| match o
-                .iter()
-                .find(|o| !o.ok())
-            {
-                Some(o) => Err(o.last_line()),
-                None => Ok(format!("{n} processes; {}", o[0].last_line())),
+            failed += case.run(&name, n, dtype, DEADLINE_MS, &every_rank(n), |o| {
+                match o.iter().find(|o| !o.ok()) {
+                    Some(o) => Err(o.last_line()),
+                    None => Ok(format!("{n} processes; {}", o[0].last_line())),
+                }
             });
         }
     }
@@ -183,7 +185,7 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         Dtype::Bf16,
         SHORT_DEADLINE_MS,
         &every_rank(1),
-        |o, elapsed| expect_named_failure(&o[0], "rank 1 did not arrive", elapsed),
+        |o| expect_named_failure(&o[0], "rank 1 did not arrive"),
     );
     // Rank 1 joins the world but never calls: rank 0's device-side waits give up on it.
     let procs = [
@@ -202,7 +204,7 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         Dtype::Bf16,
         SHORT_DEADLINE_MS,
         &procs,
-        |o, elapsed| expect_named_failure(&o[0], "waiting for rank 1", elapsed),
+        |o| expect_named_failure(&o[0], "waiting for rank 1"),
     );
     if failed > 0 {
         return Err(format!("{failed} case(s) failed").into());
@@ -212,17 +214,17 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
 
 /// Rank 0 of a missing-peer case failed with an error containing `names`, within a few
 /// deadlines (process start-up and the world's construction included).
-fn expect_named_failure(o: &Outcome, names: &str, elapsed: Duration) -> Result<String, String> {
+fn expect_named_failure(o: &Outcome, names: &str) -> Result<String, String> {
     let line = o.last_line();
     if o.ok() || !line.contains(names) {
         return Err(format!(
             "expected rank 0 to fail naming rank 1, got: {line}"
         ));
     }
-    if elapsed > 3 * Duration::from_millis(SHORT_DEADLINE_MS) {
-        return Err(format!("rank 0 failed only after {elapsed:?}: {line}"));
+    if o.elapsed > 3 * Duration::from_millis(SHORT_DEADLINE_MS) {
+        return Err(format!("rank 0 failed only after {:?}: {line}", o.elapsed));
     }
-    Ok(line)
+    Ok(format!("after {:.2} s: {line}", o.elapsed.as_secs_f64()))
 }
 
 /// How the driver starts the processes of its cases.
@@ -233,8 +235,7 @@ struct Case {
 
 impl Case {
     /// Runs one case and prints its PASS/FAIL line (on failure, every process's output after
-    /// it); `verdict` judges the processes' outcomes and the time they took. Returns 1 when the
-    /// case failed.
+    /// it); `verdict` judges the processes' outcomes. Returns 1 when the case failed.
     fn run(
         &self,
         name: &str,
@@ -242,7 +243,7 @@ impl Case {
         dtype: Dtype,
         deadline_ms: u64,
         procs: &[Proc],
-        verdict: impl Fn(&[Outcome], Duration) -> Result<String, String>,
+        verdict: impl Fn(&[Outcome]) -> Result<String, String>,
     ) -> usize {
         let start = Instant::now();
         let (result, logs) = match self.spawn(name, n, dtype, deadline_ms, procs) {
@@ -254,7 +255,7 @@ impl Case {
                         format!("\n      rank {}: {log}", o.rank)
                     })
                     .collect();
-                (verdict(&outcomes, start.elapsed()), logs)
+                (verdict(&outcomes), logs)
             }
             Err(e) => (Err(e), String::new()),
         };
@@ -322,27 +323,29 @@ impl Case {
             }
         }
         let start = Instant::now();
-        let mut statuses: Vec<Option<ExitStatus>> = vec![None; children.len()];
-        while statuses.iter().any(Option::is_none) && start.elapsed() < CASE_LIMIT {
-            for ((_, child), status) in children.iter_mut().zip(&mut statuses) {
-                if status.is_none() {
-                    *status = child.try_wait().map_err(|e| e.to_string())?;
+        let mut exits: Vec<Option<(ExitStatus, Duration)>> = vec![None; children.len()];
+        while exits.iter().any(Option::is_none) && start.elapsed() < CASE_LIMIT {
+            for ((_, child), exit) in children.iter_mut().zip(&mut exits) {
+                if exit.is_none() {
+                    let status = child.try_wait().map_err(|e| e.to_string())?;
+                    *exit = status.map(|s| (s, start.elapsed()));
                 }
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        for ((_, child), status) in children.iter_mut().zip(&statuses) {
-            if status.is_none() {
+        for ((_, child), exit) in children.iter_mut().zip(&exits) {
+            if exit.is_none() {
                 let _ = child.kill();
                 let _ = child.wait();
             }
         }
         let outcomes = children
             .iter()
-            .zip(statuses)
-            .map(|((rank, _), status)| Outcome {
+            .zip(exits)
+            .map(|((rank, _), exit)| Outcome {
                 rank: *rank,
-                status,
+                status: exit.map(|(s, _)| s),
+                elapsed: exit.map_or(CASE_LIMIT, |(_, t)| t),
                 log: std::fs::read_to_string(log(*rank)).unwrap_or_default(),
             })
             .collect();

@@ -74,6 +74,11 @@ pub enum Error {
         cause: String,
     },
 
+    /// The exchange of symmetric-buffer handles between the processes of a world failed: a
+    /// peer that never joined, or what a peer sent does not fit (SPEC §6).
+    #[error("rank {rank}: handle exchange: {reason}")]
+    Exchange { rank: usize, reason: String },
+
     /// A rank's host thread panicked.
     #[error("rank {rank}: host thread panicked: {message}")]
     RankPanicked { rank: usize, message: String },

@@ -67,6 +67,7 @@ pub mod nvrtc;
 pub mod probe;
 pub mod quant;
 pub mod ranks;
+pub mod rendezvous;
 pub mod selftest;
 pub mod tma;
 pub mod wait;
@@ -77,6 +78,7 @@ pub use device::{
 pub use error::{Error, Result};
 pub use jit::{CompiledKernel, KernelSpec};
 pub use quant::Quantizer;
-pub use ranks::{Rank, SymmetricBuffer, World};
+pub use ranks::{AllGather, Rank, SymmetricBuffer, World};
+pub use rendezvous::FileRendezvous;
 pub use tma::{Swizzle, TensorMap, TiledMap, TmaDtype};
 pub use wait::{Wait, WaitNames, WaitRecord};

@@ -84,6 +84,22 @@ impl Routing {
     }
 }
 
+/// The rounds of `ep.bitwise.r{R}` on `world` (a [`small`] buffer): every routing with pads 1,
+/// 16, 64 and 128, forward and backward, bit for bit on the world's local ranks. Returns the
+/// number of rounds.
+pub fn every_round(world: &EpWorld) -> Result<usize, String> {
+    let ranks = world.ranks();
+    let mut rounds = 0;
+    for (i, routing) in Routing::ALL.into_iter().enumerate() {
+        for (j, pad) in [1, 16, 64, 128].into_iter().enumerate() {
+            let seed = (ranks * 100 + i * 10 + j) as u64;
+            round_trip(world, routing, SMALL_TOKENS, pad, seed)?;
+            rounds += 1;
+        }
+    }
+    Ok(rounds)
+}
+
 /// Every check. Ranks beyond the GPUs present run as virtual ranks (several per GPU).
 pub fn gpu_checks() -> Vec<Check> {
     let mut checks = Vec::new();
@@ -96,19 +112,7 @@ pub fn gpu_checks() -> Vec<Check> {
                 ),
                 run: Box::new(move || {
                     let world = world(small(ranks), dtype, 16)?;
-                    let mut rounds = 0;
-                    for (i, routing) in Routing::ALL.into_iter().enumerate() {
-                        for (j, pad) in [1, 16, 64, 128].into_iter().enumerate() {
-                            round_trip(
-                                &world,
-                                routing,
-                                SMALL_TOKENS,
-                                pad,
-                                (ranks * 100 + i * 10 + j) as u64,
-                            )?;
-                            rounds += 1;
-                        }
-                    }
+                    let rounds = every_round(&world)?;
                     Ok(format!(
                         "{rounds} rounds on {} GPU(s), forward and backward bitwise, both combine orders",
                         world.physical_gpus()
@@ -422,7 +426,7 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
 
 /// Dispatch, combine, dispatch's backward and combine's backward of one routing (`tokens` per
 /// rank, at most [`SMALL_TOKENS`] on a [`small`] buffer), each compared bit for bit with
-/// megamoe-core's reference.
+/// megamoe-core's reference on the world's local ranks.
 pub fn round_trip(
     world: &EpWorld,
     routing: Routing,
@@ -440,9 +444,13 @@ pub fn round_trip(
     let tokens: Vec<usize> = data.iter().map(|d| d.tokens).collect();
     let want = expected_dispatch(spec, &data, pad)?;
     let handle_ref = &want.handle;
+    // Every process generates every rank's data and the whole reference, and feeds and checks
+    // its own ranks.
+    let local = world.local_ranks();
 
     // Forward dispatch.
-    for (r, d) in data.iter().enumerate() {
+    for r in local.clone() {
+        let d = &data[r];
         world
             .upload_inputs(r, d.tokens, d.rows(), &d.idx, &d.probs)
             .map_err(s)?;
@@ -456,10 +464,10 @@ pub fn round_trip(
     }
     let mut handle = world.new_handle().map_err(s)?;
     let got = world
-        .dispatch_with_permute(&tokens, pad, SyncMode::Blocking, &mut handle)
+        .dispatch_with_permute(&tokens[local.clone()], pad, SyncMode::Blocking, &mut handle)
         .map_err(|e| ctx(&e.to_string()))?
         .expect("blocking dispatch reports sizes");
-    for (r, got_r) in got.iter().enumerate() {
+    for (r, got_r) in local.clone().zip(&got) {
         let rows = handle_ref.plans[r].output_rows();
         if got_r.rows != rows || got_r.tokens_per_expert != want.tokens_per_expert[r] {
             return Err(ctx(&format!(
@@ -495,14 +503,16 @@ pub fn round_trip(
     }
 
     // Combine with the prob-gradient scatter (dispatch's backward; plain combine reads the same
-    // rows and is checked by the graph replay), in both SPEC §5 orders.
+    // rows and is checked by the graph replay), in both SPEC §5 orders. Each rank's row count is
+    // the reference's (the local ranks' were checked above).
+    let out_rows = |r: usize| handle_ref.plans[r].output_rows();
     let comb: Vec<Vec<bf16>> = (0..ranks)
-        .map(|r| random_bf16(seed ^ (0xc0b1 + r as u64), got[r].rows * h))
+        .map(|r| random_bf16(seed ^ (0xc0b1 + r as u64), out_rows(r) * h))
         .collect();
     let pgrad: Vec<Vec<f32>> = (0..ranks)
-        .map(|r| random_f32(seed ^ (0x96ad + r as u64), got[r].rows))
+        .map(|r| random_f32(seed ^ (0x96ad + r as u64), out_rows(r)))
         .collect();
-    for r in 0..ranks {
+    for r in local.clone() {
         let b = world.buffer(r);
         b.upload_at(world.layout.comb_rows, &comb[r]).map_err(s)?;
         b.upload_at(world.layout.comb_prob_grads, &pgrad[r])
@@ -514,7 +524,7 @@ pub fn round_trip(
         (CombineOrder::PerRank, PlanOrder::PerRank),
     ] {
         let ctx = |what: &str| ctx(&format!("{} combine: {what}", order.name()));
-        for r in 0..ranks {
+        for r in local.clone() {
             let io = world.io(r);
             io.fill(
                 world.io_offset(IoRegion::Y),
@@ -533,8 +543,8 @@ pub fn round_trip(
             .dispatch_backward(&handle, order, SyncMode::Blocking)
             .map_err(|e| ctx(&e.to_string()))?;
         let grads = dispatch_backward_in(&comb_rows, &pgrad, handle_ref, plan_order).map_err(s)?;
-        for (r, &t) in tokens.iter().enumerate() {
-            let io = world.io(r);
+        for r in local.clone() {
+            let (io, t) = (world.io(r), tokens[r]);
             let y = download::<u8>(io, world.io_offset(IoRegion::Y), t * h * 2)?;
             first_diff(
                 "combined rows",
@@ -554,8 +564,8 @@ pub fn round_trip(
     let gy: Vec<Vec<bf16>> = (0..ranks)
         .map(|r| random_bf16(seed ^ (0x9e11 + r as u64), tokens[r] * h))
         .collect();
-    for (r, g) in gy.iter().enumerate() {
-        let b = world.buffer(r);
+    for r in local.clone() {
+        let (b, g) = (world.buffer(r), &gy[r]);
         b.upload_at(world.layout.in_rows, g).map_err(s)?;
         b.fill(world.layout.out_rows, spec.max_rows() * h * 2, POISON)
             .map_err(s)?;
@@ -565,7 +575,8 @@ pub fn round_trip(
         .map_err(|e| ctx(&e.to_string()))?;
     let gy_rows: Vec<Bf16Rows> = gy.into_iter().map(|v| bf16_rows(v, h)).collect();
     let want_rows = combine_backward(&gy_rows, handle_ref).map_err(s)?;
-    for (r, want_r) in want_rows.iter().enumerate() {
+    for r in local {
+        let want_r = &want_rows[r];
         let got = download::<u8>(world.buffer(r), world.layout.out_rows, want_r.rows * h * 2)?;
         first_diff(
             "combine-backward rows",

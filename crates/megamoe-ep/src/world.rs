@@ -1,8 +1,12 @@
-//! The expert-parallel world of one process: megamoe-cuda's [`World`] (one stream per rank,
-//! virtual ranks when ranks outnumber GPUs), one symmetric buffer, and the calls of SPEC §5 on
-//! all ranks at once. Every call is asynchronous per rank, so one host thread queues each
-//! rank's launch on that rank's stream and a blocking call then waits for every stream; modules
-//! are loaded and buffers allocated once, in [`EpWorld::new`].
+//! The expert-parallel world: megamoe-cuda's [`World`] (one stream per rank, virtual ranks when
+//! ranks outnumber GPUs), one symmetric buffer, and the calls of SPEC §5 on the local ranks at
+//! once: every rank of the world ([`EpWorld::new`], one process), or the one rank of this
+//! process ([`EpWorld::for_rank`], one process per rank, peers' buffers mapped over CUDA IPC;
+//! every process then makes the same calls). Every call is asynchronous per rank, so one host
+//! thread queues each local rank's launch on that rank's stream and a blocking call then waits
+//! for every local stream; modules are loaded and buffers allocated once, at construction.
+//! Per-rank arguments and results (token counts, dispatch sizes) are the local ranks', in rank
+//! order.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +14,9 @@ use std::time::Duration;
 use megamoe_core::routing::check_topk_idx;
 use megamoe_core::Error;
 use megamoe_cuda::wait::{deadline_ns, DEFAULT_DEADLINE};
-use megamoe_cuda::{jit, DeviceBuffer, Graph, Kernel, LaunchConfig, Rank, SymmetricBuffer, World};
+use megamoe_cuda::{
+    jit, AllGather, DeviceBuffer, Graph, Kernel, LaunchConfig, Rank, SymmetricBuffer, World,
+};
 
 use crate::error::EpError;
 use crate::layout::{BufferLayout, BufferSpec, HandleLayout, RowDtype, MAX_RANKS};
@@ -84,7 +90,8 @@ pub struct RankPtrs {
     pub grad_probs: u64,
 }
 
-/// Per-rank routing state of one dispatch, reused by its combine and both backwards.
+/// Per-rank routing state of one dispatch (the local ranks'), reused by its combine and both
+/// backwards.
 pub struct Handle {
     blocks: Vec<DeviceBuffer>,
     tokens: Vec<usize>,
@@ -120,7 +127,8 @@ pub struct EpWorld {
     world: World,
     /// The symmetric buffer every rank's kernels read and write (layout: [`BufferLayout`]).
     buffers: SymmetricBuffer,
-    /// Each rank's local inputs and outputs (layout: [`IoRegion`]).
+    /// Each local rank's local inputs and outputs (layout: [`IoRegion`]). This and the kernels
+    /// are indexed by local rank (`at`).
     io: Vec<DeviceBuffer>,
     dispatch: Vec<Arc<Kernel>>,
     combine: Vec<Arc<Kernel>>,
@@ -135,16 +143,39 @@ impl EpWorld {
         BufferLayout::new(spec).size
     }
 
+    /// Every rank of the world in this process.
     pub fn new(config: EpConfig) -> Result<Self, EpError> {
-        let spec = config.spec;
-        spec.validate().map_err(|e| EpError::input(0, e))?;
-        if config.num_sms == 0 {
+        check_config(&config)?;
+        let world = World::with_deadline(config.spec.ranks, config.deadline)?;
+        Self::on(config, world)
+    }
+
+    /// Rank `rank` of a world of `config.spec.ranks` processes, on GPU `device`; the symmetric
+    /// buffers' handles go through `exchange` (called by every process in the same order).
+    /// Every process of the world must build its rank with the same `config`.
+    pub fn for_rank(
+        config: EpConfig,
+        rank: usize,
+        device: usize,
+        exchange: Box<dyn AllGather>,
+    ) -> Result<Self, EpError> {
+        check_config(&config)?;
+        if rank >= config.spec.ranks {
             return Err(EpError::input(
-                0,
-                value("num_sms", "0", "must be at least 1"),
+                rank,
+                value(
+                    "rank",
+                    &rank.to_string(),
+                    &format!("must be below the {} ranks of the world", config.spec.ranks),
+                ),
             ));
         }
-        let world = World::with_deadline(spec.ranks, config.deadline)?;
+        let world = World::one_rank(rank, config.spec.ranks, device, config.deadline, exchange)?;
+        Self::on(config, world)
+    }
+
+    fn on(config: EpConfig, world: World) -> Result<Self, EpError> {
+        let spec = config.spec;
         let mut compile_report = String::new();
         let mut load = |spec: megamoe_cuda::KernelSpec| -> Result<Vec<Arc<Kernel>>, EpError> {
             let compiled = jit::compile(&spec)?;
@@ -188,8 +219,19 @@ impl EpWorld {
         })
     }
 
+    /// Ranks of the whole world.
     pub fn ranks(&self) -> usize {
         self.world.size()
+    }
+
+    /// The ranks of this process.
+    pub fn local_ranks(&self) -> std::ops::Range<usize> {
+        self.world.local_ranks()
+    }
+
+    /// Index of local rank `rank` in the per-local-rank vectors.
+    fn at(&self, rank: usize) -> usize {
+        rank - self.world.local_ranks().start
     }
 
     pub fn physical_gpus(&self) -> usize {
@@ -198,7 +240,7 @@ impl EpWorld {
 
     pub fn ptrs(&self, rank: usize) -> RankPtrs {
         let b = self.buffers.ptr(rank);
-        let io = self.io[rank].ptr();
+        let io = self.io[self.at(rank)].ptr();
         let l = &self.layout;
         RankPtrs {
             x: b + l.in_rows as u64,
@@ -220,19 +262,19 @@ impl EpWorld {
         self.buffers.local(rank)
     }
     pub fn io(&self, rank: usize) -> &DeviceBuffer {
-        &self.io[rank]
+        &self.io[self.at(rank)]
     }
     pub fn io_offset(&self, which: IoRegion) -> usize {
         self.io_offsets[which as usize]
     }
     /// Rank `rank` of the runtime's world: its GPU handle (stream, timers) and wait record.
     pub fn rank(&self, rank: usize) -> &Rank {
-        &self.world.ranks()[rank]
+        self.world.rank(rank)
     }
 
     /// Device addresses of rank `rank`'s part of `handle`.
     pub fn handle_ptrs(&self, handle: &Handle, rank: usize) -> HandlePtrs {
-        let b = handle.blocks[rank].ptr();
+        let b = handle.blocks[self.at(rank)].ptr();
         HandlePtrs {
             padded: b + self.hlayout.padded as u64,
             counts: b + self.hlayout.counts as u64,
@@ -243,7 +285,7 @@ impl EpWorld {
     /// (unpadded), downloaded.
     pub fn received_rows(&self, handle: &Handle, rank: usize) -> Result<Vec<i32>, EpError> {
         let mut rows = vec![0i32; self.config.spec.local_experts()];
-        handle.blocks[rank].download_into(self.hlayout.counts, &mut rows)?;
+        handle.blocks[self.at(rank)].download_into(self.hlayout.counts, &mut rows)?;
         Ok(rows)
     }
 
@@ -279,8 +321,9 @@ impl EpWorld {
     }
 
     fn write_routing(&self, rank: usize, topk_idx: &[i32], probs: &[f32]) -> Result<(), EpError> {
-        self.io[rank].upload_at(self.io_offsets[0], topk_idx)?;
-        self.io[rank].upload_at(self.io_offsets[1], probs)?;
+        let io = self.io(rank);
+        io.upload_at(self.io_offsets[0], topk_idx)?;
+        io.upload_at(self.io_offsets[1], probs)?;
         Ok(())
     }
 
@@ -292,8 +335,8 @@ impl EpWorld {
             .map(|r| r.gpu.alloc(self.hlayout.size))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Handle {
+            tokens: vec![0; blocks.len()],
             blocks,
-            tokens: vec![0; self.ranks()],
             ready: false,
         })
     }
@@ -307,7 +350,7 @@ impl EpWorld {
         }
         Layout {
             peer_base,
-            handle: handle.blocks[rank].ptr(),
+            handle: handle.blocks[self.at(rank)].ptr(),
             deadline_ns: deadline_ns(self.config.deadline),
             wait_record: self.rank(rank).wait_record(),
             off_epochs: l.epochs as u64,
@@ -358,7 +401,8 @@ impl EpWorld {
         }
     }
 
-    /// dispatch_with_permute on every rank: `tokens[r]` rows of rank r's `x` (and FP8 scales),
+    /// dispatch_with_permute on every local rank: `tokens[i]` rows of the i-th local rank's `x`
+    /// (and FP8 scales),
     /// `topk_idx` and `probs` (already in [`RankPtrs`]) go to their experts' owners, grouped by
     /// local expert, ordered by (source rank, token), each segment padded to `pad_multiple`.
     pub fn dispatch_with_permute(
@@ -369,7 +413,7 @@ impl EpWorld {
         handle: &mut Handle,
     ) -> Result<Option<Vec<Dispatched>>, EpError> {
         let s = &self.config.spec;
-        check_tokens(&self.config, tokens)?;
+        check_tokens(&self.config, self.local_ranks(), tokens)?;
         if pad_multiple == 0 || pad_multiple > s.max_pad_multiple {
             return Err(EpError::input(
                 0,
@@ -394,9 +438,10 @@ impl EpWorld {
             return Ok(None);
         }
         self.sync()?;
-        let out = (0..self.ranks())
-            .map(|r| {
-                let b = &handle.blocks[r];
+        let out = handle
+            .blocks
+            .iter()
+            .map(|b| {
                 let mut rows = [0i32];
                 b.download_into(self.hlayout.total_rows, &mut rows)?;
                 let mut padded = vec![0i32; s.local_experts()];
@@ -410,8 +455,8 @@ impl EpWorld {
         Ok(Some(out))
     }
 
-    /// combine_with_unpermute on every rank: y_t (into `RankPtrs::y`) is the bf16 sum of token
-    /// t's rows in `comb_rows` on their owners, in `order` (SPEC §5: `exact` or `per_rank`;
+    /// combine_with_unpermute on every local rank: y_t (into `RankPtrs::y`) is the bf16 sum of
+    /// token t's rows in `comb_rows` on their owners, in `order` (SPEC §5: `exact` or `per_rank`;
     /// `per_rank` overwrites the dispatch output rows, its scratch).
     pub fn combine_with_unpermute(
         &self,
@@ -433,7 +478,7 @@ impl EpWorld {
         mode: SyncMode,
     ) -> Result<(), EpError> {
         self.check_handle(handle)?;
-        for r in 0..self.ranks() {
+        for r in self.local_ranks() {
             let p = CombineParams {
                 l: self.kernel_layout(r, handle),
                 y: self.ptrs(r).y,
@@ -442,7 +487,11 @@ impl EpWorld {
                 order: order as i32,
                 ..Default::default()
             };
-            let (gpu, kernel, config) = (&self.rank(r).gpu, &self.combine[r], self.launch_config());
+            let (gpu, kernel, config) = (
+                &self.rank(r).gpu,
+                &self.combine[self.at(r)],
+                self.launch_config(),
+            );
             match self.config.fault {
                 None => gpu.launch(kernel, &config, &p)?,
                 Some(f) => gpu.launch(
@@ -480,7 +529,7 @@ impl EpWorld {
         let s = &self.config.spec;
         let tokens = handle.tokens.clone();
         self.launch_dispatch_on(
-            0..self.ranks(),
+            self.local_ranks(),
             &tokens,
             1,
             s.hidden * 2,
@@ -504,7 +553,7 @@ impl EpWorld {
         pad_multiple: usize,
         handle: &Handle,
     ) -> Result<(), EpError> {
-        check_tokens(&self.config, tokens)?;
+        check_tokens(&self.config, self.local_ranks(), tokens)?;
         self.launch_input_rows(
             tokens,
             pad_multiple,
@@ -514,7 +563,7 @@ impl EpWorld {
         )
     }
 
-    /// Launches the dispatch kernel on every rank for the input rows (the buffer's dtype).
+    /// Launches the dispatch kernel on every local rank for the input rows (the buffer's dtype).
     fn launch_input_rows(
         &self,
         tokens: &[usize],
@@ -525,7 +574,7 @@ impl EpWorld {
     ) -> Result<(), EpError> {
         let (h, dtype) = (self.config.spec.hidden, self.config.dtype);
         self.launch_dispatch_on(
-            0..self.ranks(),
+            self.local_ranks(),
             tokens,
             pad_multiple,
             dtype.row_bytes(h),
@@ -536,7 +585,8 @@ impl EpWorld {
         )
     }
 
-    /// Launches the dispatch kernel on `ranks` (all of them, except in the deadline check).
+    /// Launches the dispatch kernel on local `ranks` (all of them, except in the deadline
+    /// check); `tokens[i]` is the i-th local rank's T.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn launch_dispatch_on(
         &self,
@@ -554,7 +604,7 @@ impl EpWorld {
                 l: self.kernel_layout(r, handle),
                 topk_idx: self.ptrs(r).topk_idx,
                 probs: self.ptrs(r).probs,
-                tokens: tokens[r] as i32,
+                tokens: tokens[self.at(r)] as i32,
                 pad_multiple: pad_multiple as i32,
                 row_bytes: row_bytes as i32,
                 scales_per_row: scales_per_row as i32,
@@ -575,7 +625,7 @@ impl EpWorld {
             let config = self
                 .launch_config()
                 .with_dynamic_smem(params::DISPATCH_DYNAMIC_SMEM);
-            let (gpu, kernel) = (&self.rank(r).gpu, &self.dispatch[r]);
+            let (gpu, kernel) = (&self.rank(r).gpu, &self.dispatch[self.at(r)]);
             match self.config.fault {
                 None => gpu.launch(kernel, &config, &p)?,
                 Some(f) => gpu.launch(
@@ -591,7 +641,7 @@ impl EpWorld {
         Ok(())
     }
 
-    /// Records what `calls` launches on every rank's stream into one CUDA graph per rank
+    /// Records what `calls` launches on every local rank's stream into one CUDA graph per rank
     /// (the calls must be non-blocking); replaying it repeats the calls on whatever inputs the
     /// buffers then hold.
     pub fn capture(
@@ -612,7 +662,8 @@ impl EpWorld {
         Ok(WorldGraph { graphs })
     }
 
-    /// Launches a captured graph on every rank's stream (non-blocking; errors at [`Self::sync`]).
+    /// Launches a captured graph on every local rank's stream (non-blocking; errors at
+    /// [`Self::sync`]).
     pub fn replay(&self, graph: &WorldGraph) -> Result<(), EpError> {
         for (r, g) in self.world.ranks().iter().zip(&graph.graphs) {
             r.gpu.launch_graph(g)?;
@@ -626,7 +677,7 @@ impl EpWorld {
     }
 
     fn check_handle(&self, handle: &Handle) -> Result<(), EpError> {
-        if !handle.ready || handle.blocks.len() != self.ranks() {
+        if !handle.ready || handle.blocks.len() != self.world.ranks().len() {
             return Err(EpError::input(
                 0,
                 value("handle", "unfilled", "comes from a dispatch of this world"),
@@ -635,9 +686,9 @@ impl EpWorld {
         Ok(())
     }
 
-    /// Waits for every rank's stream, then reports the first failure of the calls since the last
-    /// sync (rank order): a wait past its deadline (the world must then be rebuilt), else a call
-    /// the device rejected (cleared: the world stays usable).
+    /// Waits for every local rank's stream, then reports the first failure of the calls since
+    /// the last sync (rank order): a wait past its deadline (the world must then be rebuilt),
+    /// else a call the device rejected (cleared: the world stays usable).
     pub fn sync(&self) -> Result<(), EpError> {
         for r in self.world.ranks() {
             r.gpu.synchronize()?;
@@ -647,7 +698,7 @@ impl EpWorld {
         }
         let mut first = None;
         let mut rejected = 0;
-        for rank in 0..self.ranks() {
+        for rank in self.local_ranks() {
             let mut rec = [ErrorRecord::default()];
             self.buffer(rank)
                 .download_into(self.layout.error, &mut rec)?;
@@ -665,10 +716,10 @@ impl EpWorld {
         }
     }
 
-    /// Every rank's expired wait (rank order; None where none expired): after a [`Self::sync`]
-    /// that reported one, which rank waited for whom.
+    /// Every local rank's expired wait (rank order; None where none expired): after a
+    /// [`Self::sync`] that reported one, which rank waited for whom.
     pub fn expired_waits(&self) -> Result<Vec<Option<megamoe_cuda::Error>>, EpError> {
-        let mut out = Vec::with_capacity(self.ranks());
+        let mut out = Vec::with_capacity(self.world.ranks().len());
         for r in self.world.ranks() {
             out.push(match r.check_waits(&[&crate::error::WAITS]) {
                 Ok(()) => None,
@@ -703,21 +754,24 @@ impl EpWorld {
             },
             params::ERR_BAD_TOPK => {
                 // The device names the first bad slot of rank `peer`; re-check that token's row
-                // here to report it exactly as the host check would.
+                // here (when that rank is local) to report it exactly as the host check would.
                 let src = rec.peer as usize;
                 let t = (rec.what >> 1) as usize / s.topk;
                 let mut row = vec![0i32; s.topk];
-                self.io[src].download_into(self.io_offsets[0] + t * s.topk * 4, &mut row)?;
-                let err = check_topk_idx("topk_idx", s.shape(), &row)
-                    .err()
-                    .map(|e| with_row(e, t))
-                    .unwrap_or_else(|| {
-                        value(
-                            "topk_idx",
-                            &format!("row {t}"),
-                            "was rejected on the device",
-                        )
-                    });
+                let err = if self.local_ranks().contains(&src) {
+                    self.io(src)
+                        .download_into(self.io_offsets[0] + t * s.topk * 4, &mut row)?;
+                    check_topk_idx("topk_idx", s.shape(), &row).err()
+                } else {
+                    None
+                };
+                let err = err.map(|e| with_row(e, t)).unwrap_or_else(|| {
+                    value(
+                        "topk_idx",
+                        &format!("row {t}"),
+                        "was rejected on the device",
+                    )
+                });
                 EpError::input(src, err)
             }
             other => EpError::Runtime(megamoe_cuda::Error::Invalid {
@@ -800,18 +854,35 @@ fn check_routing(
     Ok(())
 }
 
-fn check_tokens(config: &EpConfig, tokens: &[usize]) -> Result<(), EpError> {
-    if tokens.len() != config.spec.ranks {
+/// The world's settings, before anything is allocated.
+fn check_config(config: &EpConfig) -> Result<(), EpError> {
+    config.spec.validate().map_err(|e| EpError::input(0, e))?;
+    if config.num_sms == 0 {
         return Err(EpError::input(
             0,
+            value("num_sms", "0", "must be at least 1"),
+        ));
+    }
+    Ok(())
+}
+
+/// One T per local rank (`local`), each within the capacity.
+fn check_tokens(
+    config: &EpConfig,
+    local: std::ops::Range<usize>,
+    tokens: &[usize],
+) -> Result<(), EpError> {
+    if tokens.len() != local.len() {
+        return Err(EpError::input(
+            local.start,
             Error::Length {
                 arg: "tokens",
                 got: tokens.len(),
-                expected: config.spec.ranks,
+                expected: local.len(),
             },
         ));
     }
-    for (r, &t) in tokens.iter().enumerate() {
+    for (r, &t) in local.zip(tokens) {
         if t > config.spec.max_tokens {
             return Err(EpError::input(
                 r,
@@ -914,6 +985,31 @@ mod tests {
         EpConfig::new(spec, dtype)
     }
 
+    /// An exchange that must never be reached.
+    struct Unreachable;
+
+    impl AllGather for Unreachable {
+        fn all_gather(&mut self, _: &[u8]) -> megamoe_cuda::Result<Vec<Vec<u8>>> {
+            panic!("the arguments should have been rejected before any exchange")
+        }
+    }
+
+    #[test]
+    fn one_rank_of_a_world_checks_its_arguments_before_touching_a_gpu() {
+        let e = EpWorld::for_rank(config(RowDtype::Bf16), 2, 0, Box::new(Unreachable))
+            .err()
+            .expect("rank 2 of 2 is rejected")
+            .to_string();
+        assert!(e.starts_with("rank 2: `rank`"), "{e}");
+        let mut bad = config(RowDtype::Fp8);
+        bad.num_sms = 0;
+        let e = EpWorld::for_rank(bad, 0, 0, Box::new(Unreachable))
+            .err()
+            .expect("0 SMs are rejected")
+            .to_string();
+        assert!(e.contains("`num_sms`"), "{e}");
+    }
+
     proptest! {
         // Any T (past the capacity too), rows of either dtype against a buffer of either, any
         // lengths of rows, scales and routing: `check_inputs` returns the rows to upload exactly
@@ -981,7 +1077,7 @@ mod tests {
             tokens in proptest::collection::vec(0usize..11, 0..4),
         ) {
             let config = config(RowDtype::Bf16);
-            let got = check_tokens(&config, &tokens).map_err(|e| e.to_string());
+            let got = check_tokens(&config, 0..2, &tokens).map_err(|e| e.to_string());
             if tokens.len() != 2 {
                 prop_assert!(got.unwrap_err().starts_with("rank 0: `tokens` has"));
             } else if let Some(r) = tokens.iter().position(|&t| t > 8) {

@@ -33,6 +33,12 @@ enum Command {
     Soak(cmd::soak::Args),
     /// List GPUs, peer access, library versions and the JIT cache.
     Info(cmd::info::Args),
+    /// Dispatch and combine with one process per rank on one GPU (CUDA IPC), bit for bit
+    /// against the CPU reference, and a missing peer failing within the deadline.
+    EpProcs(cmd::ep_procs::Args),
+    /// One rank of `ep-procs` (started by it).
+    #[command(hide = true)]
+    EpRank(cmd::ep_procs::RankArgs),
     /// Benchmarks next to their floors.
     #[command(subcommand)]
     Bench(Bench),
@@ -60,6 +66,8 @@ fn main() -> ExitCode {
         Command::Selftest(args) => cmd::selftest::run(args),
         Command::Soak(args) => cmd::soak::run(args),
         Command::Info(args) => cmd::info::run(args),
+        Command::EpProcs(args) => cmd::ep_procs::run(args),
+        Command::EpRank(args) => cmd::ep_procs::run_rank(args),
         Command::Bench(Bench::Gemm(args)) => cmd::bench_gemm::run(args),
         Command::Bench(Bench::Nvlink(args)) => cmd::bench_nvlink::run(args),
         Command::Bench(Bench::Quant(args)) => cmd::bench_quant::run(args),

@@ -1,0 +1,355 @@
+//! `megamoe ep-procs`: dispatch and combine with one process per rank (as under torchrun), every
+//! process on one GPU. Each case starts R copies of this binary (`megamoe ep-rank`, hidden),
+//! which swap their symmetric buffers' handles through files in a fresh directory and each run
+//! the rounds of the selftest's `ep.bitwise.r{R}` on its own rank, bit for bit against the CPU
+//! reference. Two more cases check that a missing peer fails the others within the deadline,
+//! naming it: a peer that never starts, and one that joins the world but never calls.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use megamoe_cuda::FileRendezvous;
+use megamoe_ep::selftest::{every_round, small};
+use megamoe_ep::{EpConfig, EpWorld, RowDtype};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// World sizes to check (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![2, 4])]
+    pub ranks: Vec<usize>,
+    /// The GPU every process runs on.
+    #[arg(long, default_value_t = 0)]
+    pub device: usize,
+}
+
+#[derive(clap::Args)]
+pub struct RankArgs {
+    #[arg(long)]
+    pub rank: usize,
+    #[arg(long)]
+    pub ranks: usize,
+    #[arg(long)]
+    pub device: usize,
+    /// The rendezvous directory, shared by every process of the world.
+    #[arg(long)]
+    pub dir: PathBuf,
+    #[arg(long, value_enum)]
+    pub dtype: Dtype,
+    /// Deadline of the handle exchange and of every device-side wait.
+    #[arg(long)]
+    pub deadline_ms: u64,
+    /// Join the world, then make no call (the peers must time out naming this rank).
+    #[arg(long)]
+    pub idle: bool,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum Dtype {
+    Bf16,
+    Fp8,
+}
+
+impl Dtype {
+    fn row_dtype(self) -> RowDtype {
+        match self {
+            Dtype::Bf16 => RowDtype::Bf16,
+            Dtype::Fp8 => RowDtype::Fp8,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Dtype::Bf16 => "bf16",
+            Dtype::Fp8 => "fp8",
+        }
+    }
+}
+
+/// SMs per rank: four ranks' blocks fit one H200 at once.
+const SMS: usize = 16;
+/// Deadline of the bitwise cases (only a failure waits for it).
+const DEADLINE_MS: u64 = 10_000;
+/// Deadline of the missing-peer cases: short, so that they fail fast.
+const SHORT_DEADLINE_MS: u64 = 2_000;
+/// How long the driver lets one case's processes run before it kills them.
+const CASE_LIMIT: Duration = Duration::from_secs(60);
+
+/// `megamoe ep-rank`: one rank of the world.
+pub fn run_rank(a: &RankArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let deadline = Duration::from_millis(a.deadline_ms);
+    let exchange = FileRendezvous::new(&a.dir, a.rank, a.ranks, deadline)?;
+    let mut config = EpConfig::new(small(a.ranks), a.dtype.row_dtype());
+    config.num_sms = SMS;
+    config.deadline = deadline;
+    let world = EpWorld::for_rank(config, a.rank, a.device, Box::new(exchange))?;
+    if a.idle {
+        // Keep this rank's buffer mapped while the peers' waits run out.
+        std::thread::sleep(2 * deadline);
+        return Ok(());
+    }
+    let rounds = every_round(&world)?;
+    println!("rank {}: {rounds} rounds bitwise", a.rank);
+    Ok(())
+}
+
+/// One process of a case: its rank, and whether it idles.
+struct Proc {
+    rank: usize,
+    idle: bool,
+}
+
+/// What became of one process.
+struct Outcome {
+    rank: usize,
+    /// None: killed after [`CASE_LIMIT`].
+    status: Option<ExitStatus>,
+    /// From the start of the processes to this one's exit.
+    elapsed: Duration,
+    log: String,
+}
+
+impl Outcome {
+    fn ok(&self) -> bool {
+        self.status.is_some_and(|s| s.success())
+    }
+
+    /// The log's last line, or why there is none.
+    fn last_line(&self) -> String {
+        match self.status {
+            None => format!("rank {}: killed after {CASE_LIMIT:?}", self.rank),
+            Some(_) => self.log.lines().last().unwrap_or("(no output)").to_string(),
+        }
+    }
+}
+
+pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    for &r in &args.ranks {
+        if r < 2 {
+            return Err(format!("--ranks {r}: a multi-process world needs at least 2").into());
+        }
+        small(r)
+            .validate()
+            .map_err(|e| format!("--ranks {r}: {e}"))?;
+    }
+    match megamoe_cuda::device_count() {
+        Ok(0) => {
+            return Err("no GPU: `megamoe ep-procs` needs a CUDA GPU (none is visible)".into())
+        }
+        Err(e) => return Err(format!("no GPU: {e}").into()),
+        Ok(_) => {}
+    }
+    // Every process would compile the same kernels at once; compiled here first, they find
+    // them in the JIT cache.
+    let start = Instant::now();
+    let specs = [
+        megamoe_ep::params::dispatch_kernel(false),
+        megamoe_ep::params::combine_kernel(false),
+        megamoe_ep::params::gather_kernel(),
+        megamoe_cuda::kernels::rank_barrier(),
+    ];
+    if let Err(errors) = megamoe_cuda::jit::compile_all_clean(&specs) {
+        return Err(format!(
+            "{} kernel(s) failed to compile: {}",
+            errors.len(),
+            errors[0]
+        )
+        .into());
+    }
+    println!(
+        "compiled the kernels: {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
+    let case = Case {
+        exe: std::env::current_exe()?,
+        device: args.device,
+    };
+    let mut failed = 0;
+    let every_rank =
+        |n: usize| -> Vec<Proc> { (0..n).map(|rank| Proc { rank, idle: false }).collect() };
+    for &n in &args.ranks {
+        for dtype in [Dtype::Bf16, Dtype::Fp8] {
+            let name = format!("ep.procs.r{n}.{}", dtype.name());
+            failed += case.run(&name, n, dtype, DEADLINE_MS, &every_rank(n), |o| {
+                match o.iter().find(|o| !o.ok()) {
+                    Some(o) => Err(o.last_line()),
+                    None => Ok(format!("{n} processes; {}", o[0].last_line())),
+                }
+            });
+        }
+    }
+    // Rank 1 never starts: rank 0 gives up on the handle exchange.
+    failed += case.run(
+        "ep.procs.r2.peer_never_starts",
+        2,
+        Dtype::Bf16,
+        SHORT_DEADLINE_MS,
+        &every_rank(1),
+        |o| expect_named_failure(&o[0], "rank 1 did not arrive"),
+    );
+    // Rank 1 joins the world but never calls: rank 0's device-side waits give up on it.
+    let procs = [
+        Proc {
+            rank: 0,
+            idle: false,
+        },
+        Proc {
+            rank: 1,
+            idle: true,
+        },
+    ];
+    failed += case.run(
+        "ep.procs.r2.peer_never_calls",
+        2,
+        Dtype::Bf16,
+        SHORT_DEADLINE_MS,
+        &procs,
+        |o| expect_named_failure(&o[0], "waiting for rank 1"),
+    );
+    if failed > 0 {
+        return Err(format!("{failed} case(s) failed").into());
+    }
+    Ok(())
+}
+
+/// Rank 0 of a missing-peer case failed with an error containing `names`, within a few
+/// deadlines (process start-up and the world's construction included).
+fn expect_named_failure(o: &Outcome, names: &str) -> Result<String, String> {
+    let line = o.last_line();
+    if o.ok() || !line.contains(names) {
+        return Err(format!(
+            "expected rank 0 to fail naming rank 1, got: {line}"
+        ));
+    }
+    if o.elapsed > 3 * Duration::from_millis(SHORT_DEADLINE_MS) {
+        return Err(format!("rank 0 failed only after {:?}: {line}", o.elapsed));
+    }
+    Ok(format!("after {:.2} s: {line}", o.elapsed.as_secs_f64()))
+}
+
+/// How the driver starts the processes of its cases.
+struct Case {
+    exe: PathBuf,
+    device: usize,
+}
+
+impl Case {
+    /// Runs one case and prints its PASS/FAIL line (on failure, every process's output after
+    /// it); `verdict` judges the processes' outcomes. Returns 1 when the case failed.
+    fn run(
+        &self,
+        name: &str,
+        n: usize,
+        dtype: Dtype,
+        deadline_ms: u64,
+        procs: &[Proc],
+        verdict: impl Fn(&[Outcome]) -> Result<String, String>,
+    ) -> usize {
+        let start = Instant::now();
+        let (result, logs) = match self.spawn(name, n, dtype, deadline_ms, procs) {
+            Ok(outcomes) => {
+                let logs: String = outcomes
+                    .iter()
+                    .map(|o| {
+                        let log = o.log.trim_end().replace('\n', "\n        ");
+                        format!("\n      rank {}: {log}", o.rank)
+                    })
+                    .collect();
+                (verdict(&outcomes), logs)
+            }
+            Err(e) => (Err(e), String::new()),
+        };
+        let ms = start.elapsed().as_secs_f64() * 1e3;
+        match result {
+            Ok(detail) => {
+                println!("PASS  {name:32} {ms:8.1} ms  {detail}");
+                0
+            }
+            Err(e) => {
+                println!("FAIL  {name:32} {ms:8.1} ms  {e}{logs}");
+                1
+            }
+        }
+    }
+
+    /// Starts `procs` as ranks of a world of `n` in a fresh rendezvous directory and waits for all
+    /// of them (killing them after [`CASE_LIMIT`]); returns each one's exit and output.
+    fn spawn(
+        &self,
+        name: &str,
+        n: usize,
+        dtype: Dtype,
+        deadline_ms: u64,
+        procs: &[Proc],
+    ) -> Result<Vec<Outcome>, String> {
+        let dir = std::env::temp_dir().join(format!("megamoe-{name}-{}", std::process::id()));
+        let io = |e: std::io::Error| format!("{}: {e}", dir.display());
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(io)?;
+        }
+        std::fs::create_dir_all(&dir).map_err(io)?;
+        let log = |rank: usize| dir.join(format!("rank{rank}.log"));
+        let mut children: Vec<(usize, Child)> = Vec::new();
+        for p in procs {
+            let out = std::fs::File::create(log(p.rank)).map_err(io)?;
+            let err = out.try_clone().map_err(io)?;
+            let mut cmd = Command::new(&self.exe);
+            cmd.arg("ep-rank")
+                .args(["--rank", &p.rank.to_string(), "--ranks", &n.to_string()])
+                .args([
+                    "--device",
+                    &self.device.to_string(),
+                    "--dtype",
+                    dtype.name(),
+                ])
+                .args(["--deadline-ms", &deadline_ms.to_string()])
+                .arg("--dir")
+                .arg(&dir)
+                .stdin(Stdio::null())
+                .stdout(out)
+                .stderr(err);
+            if p.idle {
+                cmd.arg("--idle");
+            }
+            match cmd.spawn() {
+                Ok(child) => children.push((p.rank, child)),
+                Err(e) => {
+                    for (_, c) in &mut children {
+                        let _ = c.kill();
+                        let _ = c.wait();
+                    }
+                    return Err(format!("starting rank {}: {e}", p.rank));
+                }
+            }
+        }
+        let start = Instant::now();
+        let mut exits: Vec<Option<(ExitStatus, Duration)>> = vec![None; children.len()];
+        while exits.iter().any(Option::is_none) && start.elapsed() < CASE_LIMIT {
+            for ((_, child), exit) in children.iter_mut().zip(&mut exits) {
+                if exit.is_none() {
+                    let status = child.try_wait().map_err(|e| e.to_string())?;
+                    *exit = status.map(|s| (s, start.elapsed()));
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for ((_, child), exit) in children.iter_mut().zip(&exits) {
+            if exit.is_none() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+        let outcomes = children
+            .iter()
+            .zip(exits)
+            .map(|((rank, _), exit)| Outcome {
+                rank: *rank,
+                status: exit.map(|(s, _)| s),
+                elapsed: exit.map_or(CASE_LIMIT, |(_, t)| t),
+                log: std::fs::read_to_string(log(*rank)).unwrap_or_default(),
+            })
+            .collect();
+        std::fs::remove_dir_all(&dir).map_err(io)?;
+        Ok(outcomes)
+    }
+}

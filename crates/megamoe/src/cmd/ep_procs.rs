@@ -1,5 +1,5 @@
 //! `megamoe ep-procs`: dispatch and combine with one process per rank (as under torchrun), every
-//! process on one GPU. Each case starts R copies of this binary (`megamoe ep-rank`, hidden),
+//! process on one GPU (`--device`) or rank r on GPU r mod the visible GPUs. Each case starts R copies of this binary (`megamoe ep-rank`, hidden),
 //! which swap their symmetric buffers' handles through files in a fresh directory and each run
 //! the rounds of the selftest's `ep.bitwise.r{R}` on its own rank, bit for bit against the CPU
 //! reference. Two more cases check that a missing peer fails the others within the deadline,
@@ -18,9 +18,10 @@ pub struct Args {
     /// World sizes to check (comma-separated).
     #[arg(long, value_delimiter = ',', default_values_t = vec![2, 4])]
     pub ranks: Vec<usize>,
-    /// The GPU every process runs on.
-    #[arg(long, default_value_t = 0)]
-    pub device: usize,
+    /// The GPU every process runs on; without it, rank r runs on GPU r mod the visible GPUs
+    /// (one process per GPU where there are enough of them).
+    #[arg(long)]
+    pub device: Option<usize>,
 }
 
 #[derive(clap::Args)]
@@ -132,12 +133,17 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             .validate()
             .map_err(|e| format!("--ranks {r}: {e}"))?;
     }
-    match megamoe_cuda::device_count() {
+    let gpus = match megamoe_cuda::device_count() {
         Ok(0) => {
             return Err("no GPU: `megamoe ep-procs` needs a CUDA GPU (none is visible)".into())
         }
         Err(e) => return Err(format!("no GPU: {e}").into()),
-        Ok(_) => {}
+        Ok(n) => n,
+    };
+    if let Some(d) = args.device {
+        if d >= gpus {
+            return Err(format!("--device {d}: {gpus} GPU(s) visible (0 to {})", gpus - 1).into());
+        }
     }
     // Every process would compile the same kernels at once; compiled here first, they find
     // them in the JIT cache.
@@ -163,6 +169,7 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let case = Case {
         exe: std::env::current_exe()?,
         device: args.device,
+        gpus,
     };
     let mut failed = 0;
     let every_rank =
@@ -230,7 +237,9 @@ fn expect_named_failure(o: &Outcome, names: &str) -> Result<String, String> {
 /// How the driver starts the processes of its cases.
 struct Case {
     exe: PathBuf,
-    device: usize,
+    /// Every process's GPU, or None for rank r on GPU r mod `gpus`.
+    device: Option<usize>,
+    gpus: usize,
 }
 
 impl Case {
@@ -298,7 +307,7 @@ impl Case {
                 .args(["--rank", &p.rank.to_string(), "--ranks", &n.to_string()])
                 .args([
                     "--device",
-                    &self.device.to_string(),
+                    &self.device.unwrap_or(p.rank % self.gpus).to_string(),
                     "--dtype",
                     dtype.name(),
                 ])

@@ -159,8 +159,9 @@ impl Strip {
     }
 }
 
-/// a = silu(g) · u · weight in f32, with the optional clamp (module comment).
-fn swiglu(g: f32, u: f32, clamp: Option<f32>, weight: f32) -> f32 {
+/// SPEC §3's SwiGLU of one element in f32: a = silu(g) · u · weight with the optional clamp c
+/// (g = min(g, c), u = clamp(u, −c, c)), silu(g) = g / (1 + e), e = f32(exp_f64(−g)).
+pub fn swiglu(g: f32, u: f32, clamp: Option<f32>, weight: f32) -> f32 {
     let (g, u) = match clamp {
         Some(c) => (g.min(c), u.clamp(-c, c)),
         None => (g, u),

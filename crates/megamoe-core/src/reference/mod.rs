@@ -10,6 +10,8 @@ mod exact;
 mod fused;
 mod rows;
 
+pub use fused::swiglu;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use half::bf16;

@@ -7,7 +7,7 @@ use serde::Serialize;
 use crate::batch::{RankInputs, WorldInputs};
 use crate::error::{Error, Result};
 use crate::preset::Shape;
-use crate::rng::{Stream, TokenRng};
+use crate::rng::{SplitMix64, Stream, TokenRng};
 
 /// How tokens choose their experts.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -89,6 +89,61 @@ pub fn generate_world(
         shape,
         ranks: inputs,
     })
+}
+
+/// One random batch of `megamoe soak`, drawn from `rng` in this order: the routing seed; the
+/// routing (uniform, Zipf 0.5–1.5, masked 0.2–0.8 or every slot masked, a quarter each); per
+/// rank T (0 with probability 1/4, else uniform in 1..=t_max; the rank keeps the first T of
+/// its t_max generated tokens); the bound (None, or between the largest T and t_max, half
+/// each). Returns the world, the bound and a label naming the routing, its seed, T and the
+/// bound.
+pub fn soak_batch(
+    shape: Shape,
+    ranks: usize,
+    t_max: usize,
+    rng: &mut SplitMix64,
+) -> Result<(WorldInputs, Option<usize>, String)> {
+    let mut routing = RoutingSpec {
+        seed: rng.next_u64(),
+        ..RoutingSpec::default()
+    };
+    let label = match rng.below(4) {
+        0 => "uniform".to_string(),
+        1 => {
+            let exponent = 0.5 + rng.unit();
+            routing.kind = RoutingKind::Zipf { exponent };
+            format!("zipf {exponent:.2}")
+        }
+        2 => {
+            routing.masked_ratio = 0.2 + 0.6 * rng.unit();
+            format!("masked {:.2}", routing.masked_ratio)
+        }
+        _ => {
+            routing.masked_ratio = 1.0;
+            "every slot masked".to_string()
+        }
+    };
+    let mut world = generate_world(shape, ranks, t_max, &routing)?;
+    let (h, k) = (shape.hidden, shape.topk);
+    for r in &mut world.ranks {
+        let t = if rng.below(4) == 0 {
+            0
+        } else {
+            1 + rng.below(t_max)
+        };
+        r.tokens = t;
+        r.x.truncate(t * h);
+        r.topk_idx.truncate(t * k);
+        r.topk_weights.truncate(t * k);
+    }
+    let largest = world.ranks.iter().map(|r| r.tokens).max().unwrap_or(0);
+    let bound = (rng.below(2) == 0).then(|| largest + rng.below(t_max - largest + 1));
+    let tokens: Vec<usize> = world.ranks.iter().map(|r| r.tokens).collect();
+    let label = format!(
+        "{label}, routing seed {:#x}, T {tokens:?}, bound {bound:?}",
+        routing.seed
+    );
+    Ok((world, bound, label))
 }
 
 /// Tokens of each rank: `tokens_per_rank` each, or with `uneven_tokens` a seeded split of the

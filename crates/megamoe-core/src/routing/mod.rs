@@ -4,7 +4,9 @@
 mod generate;
 mod validate;
 
-pub use generate::{generate_rank, generate_world, token_counts, RoutingKind, RoutingSpec};
+pub use generate::{
+    generate_rank, generate_world, soak_batch, token_counts, RoutingKind, RoutingSpec,
+};
 pub use validate::{check_slot_weights, check_topk_idx, validate_rank, validate_world};
 
 pub(crate) use validate::{check_len, on_rank};

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use half::bf16;
 use megamoe_core::preset::Shape;
 use megamoe_core::rng::SplitMix64;
-use megamoe_core::routing::{generate_world, RoutingKind, RoutingSpec};
+use megamoe_core::routing::soak_batch;
 use megamoe_core::{diff, fused_layer, LayerOptions, Preset, WeightGen, WorldInputs};
 use megamoe_cuda::Gpu;
 use megamoe_ep::selftest::{round_trip, small, Routing, SMALL_TOKENS};
@@ -110,58 +110,12 @@ fn setups(seed: u64) -> Result<Vec<Setup>, String> {
         .collect()
 }
 
-/// One round's random batch for `spec`: per rank T in 0..=T_max (a quarter of the ranks with
-/// T = 0 on average), the routing, and the bound (None, or between the largest T and T_max).
+/// One round's random batch for `spec` (megamoe-core's [`soak_batch`]).
 fn batch(
     spec: &LayerSpec,
     rng: &mut SplitMix64,
 ) -> Result<(WorldInputs, Option<usize>, String), String> {
-    let t_max = spec.max_tokens;
-    let mut routing = RoutingSpec {
-        seed: rng.next_u64(),
-        ..RoutingSpec::default()
-    };
-    let label = match rng.below(4) {
-        0 => "uniform".to_string(),
-        1 => {
-            let exponent = 0.5 + rng.unit();
-            routing.kind = RoutingKind::Zipf { exponent };
-            format!("zipf {exponent:.2}")
-        }
-        2 => {
-            routing.masked_ratio = 0.2 + 0.6 * rng.unit();
-            format!("masked {:.2}", routing.masked_ratio)
-        }
-        _ => {
-            routing.masked_ratio = 1.0;
-            "every slot masked".to_string()
-        }
-    };
-    let mut world =
-        generate_world(spec.shape, spec.ranks, t_max, &routing).map_err(|e| e.to_string())?;
-    let (h, k) = (spec.shape.hidden, spec.shape.topk);
-    for r in &mut world.ranks {
-        let t = if rng.below(4) == 0 {
-            0
-        } else {
-            1 + rng.below(t_max)
-        };
-        r.tokens = t;
-        r.x.truncate(t * h);
-        r.topk_idx.truncate(t * k);
-        r.topk_weights.truncate(t * k);
-    }
-    let largest = world.ranks.iter().map(|r| r.tokens).max().unwrap_or(0);
-    let bound = (rng.below(2) == 0).then(|| largest + rng.below(t_max - largest + 1));
-    let tokens: Vec<usize> = world.ranks.iter().map(|r| r.tokens).collect();
-    Ok((
-        world,
-        bound,
-        format!(
-            "{label}, routing seed {:#x}, T {tokens:?}, bound {bound:?}",
-            routing.seed
-        ),
-    ))
+    soak_batch(spec.shape, spec.ranks, spec.max_tokens, rng).map_err(|e| e.to_string())
 }
 
 /// Every token whose slots are all masked has an output of exactly 0.

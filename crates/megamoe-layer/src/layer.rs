@@ -86,6 +86,14 @@ impl MoeLayer {
         }
     }
 
+    /// The wait records every rank's kernels left (the fault checks).
+    pub(crate) fn expired_waits(&self) -> Result<Vec<Option<megamoe_cuda::Error>>> {
+        match self {
+            MoeLayer::Split(l) => l.expired_waits(),
+            MoeLayer::Fused(l) => l.expired_waits(),
+        }
+    }
+
     /// Every rank's staged input bytes (the "nothing written before validation" check).
     pub(crate) fn input_bytes(&self) -> Result<Vec<u8>> {
         match self {

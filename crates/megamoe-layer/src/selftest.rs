@@ -584,68 +584,82 @@ fn fault_verdict(
 /// within the deadline (its rank, the wait, rank 2), or every rank rejects the call naming rank
 /// 2; and a new layer in the same process is correct.
 fn fused_fault(fault: Fault) -> Check {
-    Check {
-        name: format!("layer fused tiny R=4 fault on rank 2: {fault:?}"),
-        run: Box::new(move || {
-            let shape = shape("tiny", None);
-            let (ranks, faulty) = (4, 2);
-            let world = generate_world(shape, ranks, 48, &routing("uniform", 41)).map_err(err)?;
-            let gen = WeightGen::new(shape, 41);
-            let spec = LayerSpec::new(shape, ranks, 48);
-            let mut layer = FusedLayer::with_fault(
+    faulty_rank_check(
+        Kind::Fused,
+        41,
+        fault == Fault::CorruptCount,
+        format!("{fault:?}"),
+        move |spec, gen| {
+            let layer = FusedLayer::with_fault(
                 spec,
-                |r| gen.rank_fp8(r, ranks),
+                |r| gen.rank_fp8(r, spec.ranks),
                 FAULT_DEADLINE,
-                faulty,
+                FAULTY_RANK,
                 fault,
-            )
-            .map_err(err)?;
-            let start = std::time::Instant::now();
-            let e = match layer.forward(&bf16_inputs(&world), None) {
-                Ok(_) => return Err(format!("the call succeeded with rank {faulty} faulty")),
-                Err(e) => e.to_string(),
-            };
-            let took = start.elapsed();
-            let verdict = fault_verdict(e, faulty, ranks, fault == Fault::CorruptCount, || {
-                layer.expired_waits().map_err(err)
-            })?;
-            drop(layer);
-            reported_then_recovered(&world, &gen, spec, verdict, took, FAULT_DEADLINE)
-        }),
-    }
+            )?;
+            Ok(MoeLayer::Fused(Box::new(layer)))
+        },
+    )
 }
 
 /// A fault of dispatch's and combine's probe instantiations on rank 2 of four inside the split
 /// layer: as [`fused_fault`].
 fn split_fault(fault: FaultKind) -> Check {
-    Check {
-        name: format!("layer split tiny R=4 fault on rank 2: {fault:?}"),
-        run: Box::new(move || {
-            let shape = shape("tiny", None);
-            let (ranks, faulty) = (4, 2);
-            let world = generate_world(shape, ranks, 48, &routing("uniform", 43)).map_err(err)?;
-            let gen = WeightGen::new(shape, 43);
-            let spec = LayerSpec {
-                kind: Kind::Split,
-                ..LayerSpec::new(shape, ranks, 48)
-            };
+    faulty_rank_check(
+        Kind::Split,
+        43,
+        fault == FaultKind::CorruptCount,
+        format!("{fault:?}"),
+        move |spec, gen| {
             let injected = InjectedFault {
-                rank: faulty,
+                rank: FAULTY_RANK,
                 kind: fault,
             };
-            let mut layer =
-                SplitLayer::with_fault(spec, |r| gen.rank_fp8(r, ranks), FAULT_DEADLINE, injected)
-                    .map_err(err)?;
+            let layer = SplitLayer::with_fault(
+                spec,
+                |r| gen.rank_fp8(r, spec.ranks),
+                FAULT_DEADLINE,
+                injected,
+            )?;
+            Ok(MoeLayer::Split(Box::new(layer)))
+        },
+    )
+}
+
+/// The rank the fault checks of both layer kinds inject their fault into, of four.
+const FAULTY_RANK: usize = 2;
+
+/// The body of both kinds' fault checks: `build` makes the tiny R=4 layer of `kind` with its
+/// fault on rank 2 (seeded by `seed`); its call must fail as [`fault_verdict`] says (a rejection
+/// on every rank when `corrupt_count`), and a new layer must then be correct.
+fn faulty_rank_check(
+    kind: Kind,
+    seed: u64,
+    corrupt_count: bool,
+    fault: String,
+    build: impl Fn(LayerSpec, &WeightGen) -> crate::Result<MoeLayer> + 'static,
+) -> Check {
+    Check {
+        name: format!("layer {} tiny R=4 fault on rank 2: {fault}", kind.name()),
+        run: Box::new(move || {
+            let shape = shape("tiny", None);
+            let (ranks, faulty) = (4, FAULTY_RANK);
+            let world = generate_world(shape, ranks, 48, &routing("uniform", seed)).map_err(err)?;
+            let gen = WeightGen::new(shape, seed);
+            let spec = LayerSpec {
+                kind,
+                ..LayerSpec::new(shape, ranks, 48)
+            };
+            let mut layer = build(spec, &gen).map_err(err)?;
             let start = std::time::Instant::now();
             let e = match layer.forward(&bf16_inputs(&world), None) {
                 Ok(_) => return Err(format!("the call succeeded with rank {faulty} faulty")),
                 Err(e) => e.to_string(),
             };
             let took = start.elapsed();
-            let verdict =
-                fault_verdict(e, faulty, ranks, fault == FaultKind::CorruptCount, || {
-                    layer.expired_waits().map_err(err)
-                })?;
+            let verdict = fault_verdict(e, faulty, ranks, corrupt_count, || {
+                layer.expired_waits().map_err(err)
+            })?;
             drop(layer);
             reported_then_recovered(&world, &gen, spec, verdict, took, FAULT_DEADLINE)
         }),

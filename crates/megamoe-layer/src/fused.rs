@@ -32,7 +32,7 @@ use megamoe_gemm::heuristics::{GemmConfig, GemmProblem, Layout, OutDtype};
 use megamoe_gemm::GemmPointers;
 
 use crate::error::{LayerError, Result};
-use crate::inputs::append_staged;
+use crate::inputs::{append_staged, download_outputs};
 use crate::kernel::{
     fused_smem_bytes, fused_spec, l1_config, FusedParams, FusedProbeParams, FusedRegions,
     SwigluQuant, FUSED_BAD_BOUND, FUSED_CORRUPT_COUNT, FUSED_NO_FAULT, FUSED_RING_OVERFLOW,
@@ -709,15 +709,7 @@ impl FusedLayer {
 
     /// Downloads the outputs of the last finished call.
     pub fn outputs(&self, staged: &FusedStaged) -> Result<Vec<Vec<bf16>>> {
-        let h = self.spec.shape.hidden;
-        (0..self.spec.ranks)
-            .map(|r| {
-                let mut y = vec![bf16::ZERO; staged.tokens[r] * h];
-                let (buf, offset) = self.output(r);
-                buf.download_into(offset, &mut y)?;
-                Ok(y)
-            })
-            .collect()
+        download_outputs(&staged.tokens, self.spec.shape.hidden, |r| self.output(r))
     }
 
     /// Where rank `rank`'s output of the last finished call is: bf16 `[T, H]` from a byte

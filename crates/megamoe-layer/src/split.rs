@@ -31,7 +31,7 @@ use megamoe_gemm::{GemmPointers, GroupedGemm};
 
 use crate::device_io::DeviceActivations;
 use crate::error::{LayerError, Result};
-use crate::inputs::append_staged;
+use crate::inputs::{append_staged, download_outputs};
 use crate::kernel::{l1_config, l1_problem, split_l1_spec, SplitL1Params, SwigluQuant};
 use crate::spec::{LayerSpec, POOL_PAD};
 use crate::weights;
@@ -407,15 +407,7 @@ impl SplitLayer {
 
     /// Downloads the outputs of the last finished call.
     pub fn outputs(&self, staged: &Staged) -> Result<Vec<Vec<bf16>>> {
-        let h = self.spec.shape.hidden;
-        (0..self.spec.ranks)
-            .map(|r| {
-                let mut y = vec![bf16::ZERO; staged.tokens[r] * h];
-                let (buf, offset) = self.output(r);
-                buf.download_into(offset, &mut y)?;
-                Ok(y)
-            })
-            .collect()
+        download_outputs(&staged.tokens, self.spec.shape.hidden, |r| self.output(r))
     }
 
     /// Where rank `rank`'s output of the last finished call is: bf16 `[T, H]` from a byte

@@ -22,8 +22,8 @@ use megamoe_core::numerics::{e4m3_to_f32, INPUT_SCALE_FLOOR, INTERMEDIATE_SCALE_
 use megamoe_core::quant::{quantize_rows, INPUT_GROUP, WEIGHT_BLOCK};
 use megamoe_core::reference::swiglu;
 use megamoe_core::rng::{splitmix64, unit, SplitMix64};
-use megamoe_core::routing::soak_batch;
-use megamoe_core::{fused_layer, LayerOptions, Preset, Shape, WeightGen, WorldInputs};
+use megamoe_core::routing::{soak_batch, soak_setups};
+use megamoe_core::{fused_layer, LayerOptions, Shape, WeightGen, WorldInputs};
 use rayon::prelude::*;
 
 /// K columns per tensor-core step.
@@ -276,26 +276,6 @@ fn splitmix64_state(out: u64) -> u64 {
     z.wrapping_sub(0x9E37_79B9_7F4A_7C15)
 }
 
-/// The soak's setups (name, shape, R, T_max), in the soak's order: setup i has weight seed i
-/// (the soak's seed 0).
-fn setups() -> Vec<(&'static str, Shape, usize, usize)> {
-    let tiny = Preset::by_name("tiny").unwrap().shape;
-    let flash_like = Shape {
-        hidden: 1024,
-        inter: 512,
-        experts: 32,
-        topk: 6,
-    };
-    vec![
-        ("tiny", tiny, 1, 96),
-        ("tiny", tiny, 2, 64),
-        ("tiny", tiny, 4, 48),
-        ("tiny", tiny, 8, 32),
-        ("flash-like", flash_like, 2, 128),
-        ("flash-like", flash_like, 4, 64),
-    ]
-}
-
 fn quantile(sorted: &[f64], q: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
@@ -366,7 +346,8 @@ fn main() {
         args.first().copied().unwrap_or(2000),
         args.get(1).copied().unwrap_or(40),
     );
-    let setups: Vec<_> = setups()
+    // Setup i has weight seed i (the soak's seed 0).
+    let setups: Vec<_> = soak_setups()
         .into_iter()
         .enumerate()
         .map(|(i, (name, shape, ranks, t_max))| {

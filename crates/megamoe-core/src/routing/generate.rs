@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use crate::batch::{RankInputs, WorldInputs};
 use crate::error::{Error, Result};
-use crate::preset::Shape;
+use crate::preset::{Preset, Shape};
 use crate::rng::{SplitMix64, Stream, TokenRng};
 
 /// How tokens choose their experts.
@@ -89,6 +89,26 @@ pub fn generate_world(
         shape,
         ranks: inputs,
     })
+}
+
+/// The setups `megamoe soak` draws its batches for (name, shape, R, T_max), in its order:
+/// tiny-like and small flash-like shapes, R = 1 … 8.
+pub fn soak_setups() -> Vec<(&'static str, Shape, usize, usize)> {
+    let tiny = Preset::by_name("tiny").expect("the tiny preset").shape;
+    let flash_like = Shape {
+        hidden: 1024,
+        inter: 512,
+        experts: 32,
+        topk: 6,
+    };
+    vec![
+        ("tiny", tiny, 1, 96),
+        ("tiny", tiny, 2, 64),
+        ("tiny", tiny, 4, 48),
+        ("tiny", tiny, 8, 32),
+        ("flash-like H=1024 I=512 E=32", flash_like, 2, 128),
+        ("flash-like H=1024 I=512 E=32", flash_like, 4, 64),
+    ]
 }
 
 /// One random batch of `megamoe soak`, drawn from `rng` in this order: the routing seed; the

@@ -5,7 +5,7 @@ mod generate;
 mod validate;
 
 pub use generate::{
-    generate_rank, generate_world, soak_batch, token_counts, RoutingKind, RoutingSpec,
+    generate_rank, generate_world, soak_batch, soak_setups, token_counts, RoutingKind, RoutingSpec,
 };
 pub use validate::{check_slot_weights, check_topk_idx, validate_rank, validate_world};
 

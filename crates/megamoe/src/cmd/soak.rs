@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use half::bf16;
 use megamoe_core::preset::Shape;
 use megamoe_core::rng::SplitMix64;
-use megamoe_core::routing::soak_batch;
-use megamoe_core::{diff, fused_layer, LayerOptions, Preset, WeightGen, WorldInputs};
+use megamoe_core::routing::{soak_batch, soak_setups};
+use megamoe_core::{diff, fused_layer, LayerOptions, WeightGen, WorldInputs};
 use megamoe_cuda::Gpu;
 use megamoe_ep::selftest::{round_trip, small, Routing, SMALL_TOKENS};
 use megamoe_ep::{EpConfig, EpWorld, RowDtype};
@@ -82,28 +82,8 @@ impl Setup {
     }
 }
 
-/// The soak's configurations (name, shape, R, T_max): tiny-like and small flash-like shapes,
-/// R = 1 … 8.
-fn configurations() -> Vec<(&'static str, Shape, usize, usize)> {
-    let tiny = Preset::by_name("tiny").expect("the tiny preset").shape;
-    let flash_like = Shape {
-        hidden: 1024,
-        inter: 512,
-        experts: 32,
-        topk: 6,
-    };
-    vec![
-        ("tiny", tiny, 1, 96),
-        ("tiny", tiny, 2, 64),
-        ("tiny", tiny, 4, 48),
-        ("tiny", tiny, 8, 32),
-        ("flash-like H=1024 I=512 E=32", flash_like, 2, 128),
-        ("flash-like H=1024 I=512 E=32", flash_like, 4, 64),
-    ]
-}
-
 fn setups(seed: u64) -> Result<Vec<Setup>, String> {
-    configurations()
+    soak_setups()
         .into_iter()
         .enumerate()
         .map(|(i, (name, shape, ranks, t))| Setup::new(name, shape, ranks, t, seed ^ i as u64))
@@ -433,7 +413,7 @@ mod tests {
 
     #[test]
     fn every_configuration_is_a_valid_layer_of_both_kinds() {
-        for (name, shape, ranks, t) in configurations() {
+        for (name, shape, ranks, t) in soak_setups() {
             let spec = LayerSpec::new(shape, ranks, t);
             spec.validate().unwrap_or_else(|e| panic!("{name}: {e}"));
             spec.fused_layout()
@@ -443,7 +423,7 @@ mod tests {
 
     #[test]
     fn a_batch_keeps_every_t_within_t_max_and_the_bound_between_the_largest_t_and_t_max() {
-        let tiny = Preset::by_name("tiny").unwrap().shape;
+        let tiny = megamoe_core::Preset::by_name("tiny").unwrap().shape;
         let spec = LayerSpec::new(tiny, 4, 48);
         let mut rng = SplitMix64::new(3);
         let (mut zero_ranks, mut bounds) = (0, 0);

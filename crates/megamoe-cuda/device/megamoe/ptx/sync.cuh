@@ -20,10 +20,11 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegs));
 }
 
-__device__ __forceinline__ u32 warp_index_uniform() {
-  // Broadcast from lane 0 so the compiler knows the value is warp-uniform.
-  return __shfl_sync(0xffffffffu, threadIdx.x / 32, 0);
-}
+// Lane 0's value, which the compiler then knows is warp-uniform (all 32 lanes must call it):
+// values derived from it stay in uniform registers, and branches on it do not diverge.
+__device__ __forceinline__ u32 warp_uniform(u32 v) { return __shfl_sync(0xffffffffu, v, 0); }
+
+__device__ __forceinline__ u32 warp_index_uniform() { return warp_uniform(threadIdx.x / 32); }
 
 // This CTA's rank in its cluster, the number of CTAs in it, the cluster's index and the number
 // of clusters (x only).

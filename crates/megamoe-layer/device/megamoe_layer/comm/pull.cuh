@@ -1,8 +1,8 @@
-// The fused kernel's dispatch (SPEC §4 fused, step 1): warps 9-11 of every CTA pull the rows of
+// The fused kernel's dispatch (SPEC §4 fused, step 1): warps 9-10 of every CTA pull the rows of
 // the call's m-blocks from their source ranks into the blocks' ring slots, in block order, so
 // the pull runs ahead of the L1 tasks that wait for it, by pull_ahead blocks: the rows of block
 // b are pulled once the first L1 task of block b − pull_ahead is handed out (megamoe-core's
-// stream rule), not all at once, which left the L1 tiles competing with a burst of rows. Worker w of W = 3·G takes rows w, w + W,
+// stream rule), not all at once, which left the L1 tiles competing with a burst of rows. Worker w of W = 2·G takes rows w, w + W,
 // ... of the sequence (block, row); a block's rows are thus pulled by up to 128 warps at once.
 // Before it writes a slot, a worker waits until every L2 task of the slot's previous block is
 // done (the ring; the stream makes that wait depend on earlier tasks only). A pulled row brings

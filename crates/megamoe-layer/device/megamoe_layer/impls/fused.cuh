@@ -151,6 +151,14 @@ __device__ void release_slices(const FusedRegions& r, const u32* slices_done, u3
     }
 }
 
+// Task i of the cursor, its kind, block and n-block warp-uniform (see consume).
+__device__ __forceinline__ void get_uniform(TaskCursor& cur, u32 i, u32& kind, u32& b, u32& n) {
+    cur.get(i, kind, b, n);
+    kind = ptx::warp_uniform(kind);
+    b = ptx::warp_uniform(b);
+    n = ptx::warp_uniform(n);
+}
+
 template <int kStages, bool kProbe, typename L1Smem, typename L2Smem>
 __device__ void consume(const FusedParams& p, const FusedProbe& probe, const L1Smem& s1, const L2Smem& s2,
                         u32 wg, u32 n_tasks, u32* slices_done) {
@@ -162,10 +170,15 @@ __device__ void consume(const FusedParams& p, const FusedProbe& probe, const L1S
     gemm::RingCursor<kStages> ring;
     const BlockInfo* blocks = plan_blocks(r);
     const ScatterRows scatter{r};
-    u32 i = ptx::ctaid_x();
+    // The task's indices are broadcast from lane 0 (ptx::warp_uniform): read through
+    // ptx::ctaid_x and global loads they would count as per-thread values, the branch on the
+    // task's kind as divergent, and the ring's stage and phase, advanced inside it, would leave
+    // the uniform registers: every wgmma descriptor would then be rebuilt per thread and moved
+    // back (R2UR) in the K loop, which took about 9 % longer.
+    u32 i = ptx::warp_uniform(ptx::ctaid_x());
     if (i >= n_tasks) return;
     u32 kind, b, n;
-    cur.get(i, kind, b, n);
+    get_uniform(cur, i, kind, b, n);
     gemm::Tile t = task_tile(r, blocks, b, n);
     Scales scales;
     scales.load(kind == kL1 ? p.l1 : p.l2, t, 0);
@@ -192,7 +205,7 @@ __device__ void consume(const FusedParams& p, const FusedProbe& probe, const L1S
         u32 next_kind = 0, next_b = 0, next_n = 0;
         gemm::Tile next_t = t;
         if (more) {
-            cur.get(next, next_kind, next_b, next_n);
+            get_uniform(cur, next, next_kind, next_b, next_n);
             next_t = task_tile(r, blocks, next_b, next_n);
             scales.load(next_kind == kL1 ? p.l1 : p.l2, next_t, 0);
         }

@@ -2,8 +2,9 @@
 # GPU session of the per_rank combine and the Python dispatch/combine: every ep check of the
 # selftest (both combine orders bitwise, R = 1, 2, 4, 8, flash at 4096 tokens), `bench dispatch`
 # at flash 4096 tokens/rank BF16 with both combine orders (24 SMs), then the Python GPU tests
-# (python/tests/test_gpu_ep.py) with the wheels of WHEEL_DIR (the package's and pytest's)
-# installed into a scratch folder for PYTHON (default python3, the one with torch).
+# (python/tests/test_gpu_ep.py, test_gpu_ep_dist.py) with the wheels of WHEEL_DIR (the
+# package's and pytest's) installed into a scratch folder for PYTHON (default python3, the one
+# with torch).
 # Logs go to OUT_DIR: selftest.txt, bench_per_rank.txt, python.txt, steps.txt.
 # usage: scripts/py_ep_gpu_session.sh MEGAMOE_BINARY WHEEL_DIR OUT_DIR [PYTHON]
 set -u
@@ -22,6 +23,6 @@ site=$(mktemp -d)
 "$py" -m pip install -q --no-index --no-deps --no-compile --target "$site" "$wheels"/*.whl
 t0=$(date +%s)
 PYTHONPATH=$site PYTHONUNBUFFERED=1 timeout 240 "$py" -m pytest -q -rA -s -p no:cacheprovider \
-  python/tests/test_gpu_ep.py > "$out/python.txt" 2>&1
-echo "python       rc=$?  $(( $(date +%s) - t0 )) s  pytest python/tests/test_gpu_ep.py" | tee -a "$out/steps.txt"
+  python/tests/test_gpu_ep.py python/tests/test_gpu_ep_dist.py > "$out/python.txt" 2>&1
+echo "python       rc=$?  $(( $(date +%s) - t0 )) s  pytest python/tests/test_gpu_ep.py python/tests/test_gpu_ep_dist.py" | tee -a "$out/steps.txt"
 tail -5 "$out/python.txt"

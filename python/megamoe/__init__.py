@@ -5,8 +5,9 @@ Without a GPU: the size query (``get_symm_buffer_size``), the presets, the GPU p
 (``reference_forward``). On a GPU, with PyTorch tensors: the layer (``MoELayer``, built by
 ``get_symm_buffer_for_mega_moe``) and the FP8 grouped GEMM (``grouped_gemm_fp8_contiguous``,
 ``grouped_gemm_fp8_masked``); ``megamoe.torch_reference`` is SPEC §3 in plain PyTorch;
-``megamoe.ep`` (needs torch) has dispatch/combine with autograd and the symmetric memory of one
-process per GPU.
+``megamoe.ep`` (needs torch) has dispatch/combine with autograd, every rank in one process or
+one process per rank (torchrun: ``ep.Buffer.for_process_group``), and the symmetric memory of
+one process per GPU.
 
 Errors: ``ValueError`` for a bad argument (the message names it), ``RuntimeError`` when no CUDA
 GPU can be used or the device fails.

@@ -1,9 +1,15 @@
 """Dispatch / combine with fused permute (SPEC §5) on torch tensors, with autograd, and the CUDA
 IPC exchange of symmetric memory for one process per GPU.
 
-A :class:`Buffer` is one process's expert-parallel world of ``num_ranks`` ranks: rank r runs on
-GPU ``r % G`` of the G visible GPUs (several ranks on one GPU are virtual ranks, for
-correctness). Every per-rank argument is a list with one tensor per rank, on that rank's GPU.
+A :class:`Buffer` holds this process's ranks of an expert-parallel world of ``num_ranks`` ranks
+(``Buffer.ranks``): every rank (``Buffer(...)``: rank r runs on GPU ``r % G`` of the G visible
+GPUs; several ranks on one GPU are virtual ranks, for correctness), or the one rank of this
+process in a torch.distributed group, one process per rank as torchrun launches them
+(``Buffer.for_process_group(...)``: peers' buffers mapped over CUDA IPC; every process makes the
+same calls in the same order). Every per-rank argument is a list with one tensor per rank of
+``Buffer.ranks``, on that rank's GPU (a tensor alone where the buffer holds one rank), and every
+per-rank result a list in the same order: with one process per rank, ``[x]`` or ``x`` in,
+one-element lists out.
 
 - :func:`dispatch_with_permute` sends every token's row to the ranks owning its experts, grouped
   by local expert, ordered by (source rank, token), each expert's segment zero-padded to
@@ -44,10 +50,11 @@ ORDERS = ("per_rank", "exact")
 
 
 class Buffer:
-    """One process's expert-parallel world and its symmetric buffer, sized for
-    ``num_max_tokens_per_rank`` tokens per rank and segments padded to at most
-    ``max_pad_multiple`` rows. ``num_sms``: SMs (blocks) each rank's kernels use (ranks sharing
-    a GPU must fit on it together); ``deadline_ms``: the budget of every device-side wait."""
+    """Every rank of an expert-parallel world of ``num_ranks`` ranks in this process, and their
+    symmetric buffer, sized for ``num_max_tokens_per_rank`` tokens per rank and segments padded
+    to at most ``max_pad_multiple`` rows. ``num_sms``: SMs (blocks) each rank's kernels use
+    (ranks sharing a GPU must fit on it together); ``deadline_ms``: the budget of every
+    device-side wait. :meth:`for_process_group` builds one rank per process instead."""
 
     def __init__(
         self,
@@ -61,29 +68,91 @@ class Buffer:
         num_sms: Optional[int] = None,
         deadline_ms: Optional[int] = None,
     ):
-        self.world = _megamoe.EpWorld(
-            num_ranks,
-            num_experts,
-            num_topk,
-            hidden,
-            num_max_tokens_per_rank,
-            max_pad_multiple,
-            dtype,
-            num_sms,
-            deadline_ms,
+        self._attach(
+            _megamoe.EpWorld(
+                num_ranks,
+                num_experts,
+                num_topk,
+                hidden,
+                num_max_tokens_per_rank,
+                max_pad_multiple,
+                dtype,
+                num_sms,
+                deadline_ms,
+            )
         )
-        self.num_ranks = num_ranks
-        self.num_experts = num_experts
-        self.num_topk = num_topk
-        self.hidden = hidden
-        self.dtype = dtype
+
+    @classmethod
+    def for_process_group(
+        cls,
+        num_experts: int,
+        num_topk: int,
+        hidden: int,
+        num_max_tokens_per_rank: int,
+        max_pad_multiple: int = 128,
+        dtype: str = "bf16",
+        num_sms: Optional[int] = None,
+        deadline_ms: Optional[int] = None,
+        group=None,
+    ) -> "Buffer":
+        """This process's rank of a world of one process per rank: rank
+        ``dist.get_rank(group)`` of ``dist.get_world_size(group)`` ranks (``group``: a
+        torch.distributed process group, the default one when None), on the current CUDA device
+        (``torch.cuda.set_device`` first; processes may share a GPU). Every process of the group
+        calls it with the same arguments; the symmetric buffers' CUDA IPC handles are exchanged
+        with ``all_gather_object`` (any backend: gloo, or nccl with one GPU per process). The
+        other arguments are :class:`Buffer`'s; bad ones raise ValueError naming them before
+        anything is allocated or exchanged (``num_ranks`` is the group's size)."""
+        import torch.distributed as dist
+
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        if rank < 0:
+            raise ValueError("group: this process is not a member of it")
+
+        def all_gather(mine: bytes) -> list:
+            out = [None] * size
+            dist.all_gather_object(out, mine, group=group)
+            return out
+
+        device = torch.cuda.current_device() if torch.cuda.is_available() else 0
+        buffer = cls.__new__(cls)
+        buffer._attach(
+            _megamoe.EpWorld.for_rank(
+                rank,
+                device,
+                all_gather,
+                size,
+                num_experts,
+                num_topk,
+                hidden,
+                num_max_tokens_per_rank,
+                max_pad_multiple,
+                dtype,
+                num_sms,
+                deadline_ms,
+            )
+        )
+        return buffer
+
+    def _attach(self, world) -> None:
+        self.world = world
+        self.num_ranks = world.num_ranks
+        self.num_experts = world.num_experts
+        self.num_topk = world.num_topk
+        self.hidden = world.hidden
+        self.dtype = world.dtype
+        self.ranks: List[int] = world.local_ranks
+        """The ranks this process holds, in the order of every per-rank list."""
+        self.devices = [self.device(r) for r in self.ranks]
+        """Each of ``ranks``' GPU."""
 
     def device(self, rank: int) -> torch.device:
+        """The GPU of rank ``rank`` (one of ``ranks``)."""
         return torch.device("cuda", self.world.device(rank))
 
     def streams(self) -> List[int]:
-        """Each rank's device's current torch stream, as the native calls take them."""
-        return [torch.cuda.current_stream(self.device(r)).cuda_stream for r in range(self.num_ranks)]
+        """Each local rank's device's current torch stream, as the native calls take them."""
+        return [torch.cuda.current_stream(d).cuda_stream for d in self.devices]
 
     def new_handle(self) -> "Handle":
         """A routing state to dispatch into; allocates device memory, so make it before
@@ -97,7 +166,7 @@ class Buffer:
 
 
 class Handle:
-    """A dispatch's routing state on every rank, reused by its combine and both backwards;
+    """A dispatch's routing state on every rank of the buffer, reused by its combine and both backwards;
     every dispatch into it refills it (so the backward of an earlier dispatch into it is then
     wrong: reuse a handle only where its graph is replayed or no backward is pending)."""
 
@@ -107,11 +176,13 @@ class Handle:
 
     @property
     def num_tokens(self) -> List[int]:
+        """Tokens per rank of ``Buffer.ranks``."""
         return self.native.num_tokens
 
     @property
     def num_rows(self) -> List[int]:
-        """Rows per rank: exact after a blocking dispatch, the bound after a non-blocking one."""
+        """Rows per rank of ``Buffer.ranks``: exact after a blocking dispatch, the bound after a
+        non-blocking one."""
         return self.native.num_rows
 
 
@@ -147,8 +218,10 @@ def dequantize_fp8(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 
 def _per_rank(buffer: Buffer, name: str, value) -> List[torch.Tensor]:
     tensors = [value] if isinstance(value, torch.Tensor) else list(value)
-    if len(tensors) != buffer.num_ranks:
-        raise ValueError(f"{name}: {len(tensors)} tensors for {buffer.num_ranks} ranks (one per rank)")
+    if len(tensors) != len(buffer.ranks):
+        raise ValueError(
+            f"{name}: {len(tensors)} tensors for {len(buffer.ranks)} ranks (one per rank of buffer.ranks)"
+        )
     return tensors
 
 
@@ -158,17 +231,18 @@ def _order(order: str) -> str:
     return order
 
 
-def _empty(buffer: Buffer, rank: int, shape, dtype) -> torch.Tensor:
-    return torch.empty(shape, dtype=dtype, device=buffer.device(rank))
+def _empty(buffer: Buffer, i: int, shape, dtype) -> torch.Tensor:
+    """An empty tensor on the GPU of the buffer's i-th local rank."""
+    return torch.empty(shape, dtype=dtype, device=buffer.devices[i])
 
 
 class _Dispatch(torch.autograd.Function):
-    """Inputs after the settings: x (R tensors), probs (R tensors). Outputs: rows (R), row
-    probs (R)."""
+    """Inputs after the settings: x (R tensors), probs (R tensors), R the buffer's local ranks.
+    Outputs: rows (R), row probs (R)."""
 
     @staticmethod
     def forward(ctx, buffer, box, topk_idx, pad_multiple, order, num_rows_bound, *tensors):
-        r = buffer.num_ranks
+        r = len(buffer.ranks)
         x, probs = list(tensors[:r]), list(tensors[r:])
         fp8 = buffer.dtype == "fp8"
         scales = None
@@ -185,7 +259,7 @@ class _Dispatch(torch.autograd.Function):
         rows = [_empty(buffer, i, (n[i], h), torch.float8_e4m3fn if fp8 else torch.bfloat16) for i in range(r)]
         row_scales = [_empty(buffer, i, (n[i], h // 128), torch.float32) for i in range(r)] if fp8 else None
         row_probs = [_empty(buffer, i, (n[i],), torch.float32) for i in range(r)]
-        local = buffer.num_experts // r
+        local = buffer.num_experts // buffer.num_ranks
         box.tokens_per_expert = handle.native.tokens_per_expert
         counts = None
         if box.tokens_per_expert is None:
@@ -201,15 +275,15 @@ class _Dispatch(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         buffer, handle = ctx.buffer, ctx.handle
-        r, h, k = buffer.num_ranks, buffer.hidden, buffer.num_topk
+        r, h, k = len(buffer.ranks), buffer.hidden, buffer.num_topk
         grad_rows = [
-            torch.zeros((handle.num_rows[i], h), dtype=torch.bfloat16, device=buffer.device(i))
+            torch.zeros((handle.num_rows[i], h), dtype=torch.bfloat16, device=buffer.devices[i])
             if g is None
             else g.to(torch.bfloat16).contiguous()
             for i, g in enumerate(grads[:r])
         ]
         prob_grads = [
-            torch.zeros((handle.num_rows[i],), dtype=torch.float32, device=buffer.device(i))
+            torch.zeros((handle.num_rows[i],), dtype=torch.float32, device=buffer.devices[i])
             if g is None
             else g.float().contiguous()
             for i, g in enumerate(grads[r:])
@@ -223,12 +297,12 @@ class _Dispatch(torch.autograd.Function):
 
 
 class _Combine(torch.autograd.Function):
-    """Inputs after the settings: rows (R tensors). Outputs: y (R)."""
+    """Inputs after the settings: rows (R tensors), R the buffer's local ranks. Outputs: y (R)."""
 
     @staticmethod
     def forward(ctx, buffer, handle, order, *rows):
         h = buffer.hidden
-        y = [_empty(buffer, i, (handle.num_tokens[i], h), torch.bfloat16) for i in range(buffer.num_ranks)]
+        y = [_empty(buffer, i, (handle.num_tokens[i], h), torch.bfloat16) for i in range(len(buffer.ranks))]
         buffer.world.combine(handle.native, list(rows), order, y, buffer.streams())
         ctx.buffer, ctx.handle = buffer, handle
         return tuple(y)
@@ -238,12 +312,12 @@ class _Combine(torch.autograd.Function):
         buffer, handle = ctx.buffer, ctx.handle
         h = buffer.hidden
         grad_y = [
-            torch.zeros((handle.num_tokens[i], h), dtype=torch.bfloat16, device=buffer.device(i))
+            torch.zeros((handle.num_tokens[i], h), dtype=torch.bfloat16, device=buffer.devices[i])
             if g is None
             else g.to(torch.bfloat16).contiguous()
             for i, g in enumerate(grads)
         ]
-        grad_rows = [_empty(buffer, i, (handle.num_rows[i], h), torch.bfloat16) for i in range(buffer.num_ranks)]
+        grad_rows = [_empty(buffer, i, (handle.num_rows[i], h), torch.bfloat16) for i in range(len(buffer.ranks))]
         buffer.world.combine_backward(handle.native, grad_y, grad_rows, buffer.streams())
         return (None, None, None, *grad_rows)
 
@@ -270,8 +344,9 @@ def dispatch_with_permute(
     """Dispatches every rank's tokens to their experts' ranks (see the module's docstring).
 
     Per rank: ``x`` bf16 ``[T_r, H]``, ``topk_idx`` ``[T_r, K]`` integer expert ids (-1 masks a
-    slot; int64 is converted), ``probs`` f32 ``[T_r, K]``; lists with one tensor per rank (a
-    tensor alone when the buffer has one rank). ``order``: how the backward combines the row
+    slot; int64 is converted), ``probs`` f32 ``[T_r, K]``; lists with one tensor per rank of
+    ``buffer.ranks`` (a tensor alone when the buffer holds one rank, as with one process per
+    rank); the result's fields are lists in the same order. ``order``: how the backward combines the row
     gradients. ``num_rows_bound``: the non-blocking mode (see the module's docstring);
     ``handle``: the routing state to refill (a new one by default). Differentiable in ``x`` and
     ``probs``."""
@@ -281,7 +356,7 @@ def dispatch_with_permute(
     idx = [t.to(torch.int32).contiguous() if t.dtype == torch.int64 else t for t in _per_rank(buffer, "topk_idx", topk_idx)]
     box = _Box(buffer.new_handle() if handle is None else handle)
     out = _Dispatch.apply(buffer, box, idx, pad_multiple, order, num_rows_bound, *x, *probs)
-    r = buffer.num_ranks
+    r = len(buffer.ranks)
     return Dispatched(list(out[:r]), list(out[r:]), box.tokens_per_expert, box.handle, box.fp8)
 
 
@@ -289,8 +364,9 @@ def combine_with_unpermute(
     buffer: Buffer, rows: Sequence[torch.Tensor], handle: Handle, order: str = "per_rank"
 ) -> List[torch.Tensor]:
     """Sums every token's rows back on its rank, unweighted, in ``order`` (see the module's
-    docstring). ``rows``: per rank bf16 ``[rows_r, H]`` in the dispatch's layout (padding rows
-    are not read). Returns per rank bf16 ``[T_r, H]``. Differentiable in ``rows``."""
+    docstring). ``rows``: per rank of ``buffer.ranks`` bf16 ``[rows_r, H]`` in the dispatch's
+    layout (padding rows are not read; a tensor alone where the buffer holds one rank). Returns
+    a list of bf16 ``[T_r, H]`` in the same order. Differentiable in ``rows``."""
     order = _order(order)
     return list(_Combine.apply(buffer, handle, order, *_per_rank(buffer, "rows", rows)))
 
@@ -309,7 +385,8 @@ def reference(
 ) -> dict:
     """megamoe-core's CPU reference of dispatch (of ``x``, or of e4m3 ``x`` with ``x_scales``),
     combine of ``rows`` in ``order``, dispatch's backward of (``rows``, ``prob_grads``) and
-    combine's backward of ``grad_y``. Returns CPU tensors: ``rows``, ``scales`` (FP8),
+    combine's backward of ``grad_y``. Every list holds one tensor per rank of the whole world
+    (with one process per rank, gather the peers' first). Returns CPU tensors, one per rank: ``rows``, ``scales`` (FP8),
     ``probs``, ``tokens_per_expert``, ``y``, ``grad_x``, ``grad_probs``, ``grad_rows``."""
 
     def raw(ts):

@@ -13,7 +13,9 @@
 //! [`mod@reference`] megamoe-core's CPU answers, [`ipc`] symmetric memory over CUDA IPC and `py`
 //! the Python classes.
 
-use megamoe_cuda::Gpu;
+use std::ops::Range;
+
+use megamoe_cuda::{AllGather, Gpu};
 use megamoe_ep::{
     BufferSpec, CombineOrder, EpConfig, EpError, EpWorld, Handle, RowDtype, SyncMode,
 };
@@ -133,7 +135,9 @@ impl Dispatch {
     }
 }
 
-/// One process's world of ranks (virtual ranks where they outnumber the GPUs).
+/// One process's ranks of a world: every rank (virtual ranks where they outnumber the GPUs), or
+/// the one rank of this process when each process holds one ([`World::for_rank`]). The calls'
+/// per-rank tensors and results are the local ranks', in rank order.
 pub struct World {
     ep: EpWorld,
     id: usize,
@@ -144,10 +148,61 @@ static NEXT_WORLD: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsi
 impl World {
     pub fn new(args: &WorldArgs) -> Result<World> {
         let config = args.config()?;
-        Ok(World {
-            ep: EpWorld::new(config)?,
+        Ok(Self::with(EpWorld::new(config)?))
+    }
+
+    /// Rank `rank` of a world of `config.spec.ranks` processes, on CUDA device `device`
+    /// (checked by [`Self::rank_config`]); the symmetric buffers' handles go through
+    /// `exchange`, which every process calls in the same order.
+    pub fn for_rank(
+        config: EpConfig,
+        rank: usize,
+        device: usize,
+        exchange: Box<dyn AllGather>,
+    ) -> Result<World> {
+        Ok(Self::with(EpWorld::for_rank(
+            config, rank, device, exchange,
+        )?))
+    }
+
+    /// The checked configuration, rank and device of [`Self::for_rank`] (no GPU touched).
+    pub fn rank_config(
+        args: &WorldArgs,
+        rank: i64,
+        device: i64,
+    ) -> Result<(EpConfig, usize, usize)> {
+        let config = args.config()?;
+        let rank = count("rank", rank)?;
+        if rank >= config.spec.ranks {
+            return Err(Error::Value(format!(
+                "rank: {rank} is not below num_ranks = {}",
+                config.spec.ranks
+            )));
+        }
+        Ok((config, rank, count("device", device)?))
+    }
+
+    fn with(ep: EpWorld) -> World {
+        World {
+            ep,
             id: NEXT_WORLD.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-        })
+        }
+    }
+
+    /// The ranks of this process.
+    pub fn local_ranks(&self) -> Range<usize> {
+        self.ep.local_ranks()
+    }
+
+    /// Local rank `rank`, or a ValueError naming it.
+    fn local(&self, rank: usize) -> Result<usize> {
+        let local = self.local_ranks();
+        if !local.contains(&rank) {
+            return Err(Error::Value(format!(
+                "rank: {rank} is not a rank of this process (it holds {local:?})"
+            )));
+        }
+        Ok(rank)
     }
 
     pub fn spec(&self) -> BufferSpec {
@@ -170,14 +225,14 @@ impl World {
         &self.ep.rank(rank).gpu
     }
 
-    /// The CUDA device of rank `rank`.
-    pub fn device(&self, rank: usize) -> usize {
-        self.gpu(rank).ordinal()
+    /// The CUDA device of local rank `rank`.
+    pub fn device(&self, rank: usize) -> Result<usize> {
+        Ok(self.gpu(self.local(rank)?).ordinal())
     }
 
-    /// The CUDA context rank `rank`'s work runs in (its device's primary context).
+    /// The CUDA context local rank `rank`'s work runs in (its device's primary context).
     pub fn context_handle(&self, rank: usize) -> Result<u64> {
-        Ok(self.gpu(rank).context_handle()?)
+        Ok(self.gpu(self.local(rank)?).context_handle()?)
     }
 
     fn check_dispatch(&self, d: &Dispatch) -> Result<()> {
@@ -192,27 +247,28 @@ impl World {
     /// As [`Self::check_dispatch`], for calls that use what a dispatch left in it.
     fn check_filled(&self, d: &Dispatch) -> Result<()> {
         self.check_dispatch(d)?;
-        if d.rows.len() != self.ep.ranks() {
+        if d.rows.len() != self.local_ranks().len() {
             return Err(Error::Value("handle: no dispatch has filled it yet".into()));
         }
         Ok(())
     }
 
-    /// Runs `body` with every rank's stream ordered after `streams[rank]` (the caller's
-    /// current stream on that rank's device), and the caller's streams ordered after it.
+    /// Runs `body` with every local rank's stream ordered after its entry of `streams` (the
+    /// caller's current stream on that rank's device), and the caller's streams ordered after it.
     fn on_streams(&self, streams: &[u64], body: impl FnOnce() -> Result<()>) -> Result<()> {
-        if streams.len() != self.ep.ranks() {
+        let local = self.local_ranks();
+        if streams.len() != local.len() {
             return Err(Error::Value(format!(
                 "streams: {} for {} ranks",
                 streams.len(),
-                self.ep.ranks()
+                local.len()
             )));
         }
-        for (r, &s) in streams.iter().enumerate() {
+        for (r, &s) in local.clone().zip(streams) {
             self.gpu(r).wait_for(s)?;
         }
         let result = body();
-        for (r, &s) in streams.iter().enumerate() {
+        for (r, &s) in local.zip(streams) {
             self.gpu(r).release_to(s)?;
         }
         result
@@ -277,13 +333,15 @@ impl World {
                 SyncMode::NonBlocking { row_bound: b }
             }
         };
-        let (h, k, ranks) = (s.hidden, s.topk, s.ranks);
+        let (h, k) = (s.hidden, s.topk);
+        let ranks = self.local_ranks();
+        let locals = ranks.len();
         let dtype = self.dtype();
-        let x = per_rank("x", x, ranks)?;
-        let idx = per_rank("topk_idx", topk_idx, ranks)?;
-        let probs = per_rank("probs", probs, ranks)?;
+        let x = per_rank("x", x, locals)?;
+        let idx = per_rank("topk_idx", topk_idx, locals)?;
+        let probs = per_rank("probs", probs, locals)?;
         let x_scales = match dtype {
-            RowDtype::Fp8 => per_rank("x_scales", x_scales, ranks)?,
+            RowDtype::Fp8 => per_rank("x_scales", x_scales, locals)?,
             RowDtype::Bf16 if x_scales.is_empty() => x_scales,
             RowDtype::Bf16 => {
                 return Err(Error::Value(
@@ -292,42 +350,42 @@ impl World {
             }
         };
         let pad_multiple = count("pad_multiple", pad_multiple)?;
-        let mut tokens = Vec::with_capacity(ranks);
-        for r in 0..ranks {
-            let dev = self.device(r);
-            x[r].check(&format!("x[{r}]"), self.row_dtypes(), &[None, Some(h)], dev)?;
-            let t = x[r].rows();
+        let mut tokens = Vec::with_capacity(locals);
+        for (i, r) in ranks.clone().enumerate() {
+            let dev = self.gpu(r).ordinal();
+            x[i].check(&format!("x[{i}]"), self.row_dtypes(), &[None, Some(h)], dev)?;
+            let t = x[i].rows();
             if t > s.max_tokens {
                 return Err(Error::Value(format!(
-                    "x[{r}]: {t} tokens exceed num_max_tokens_per_rank = {}",
+                    "x[{i}]: {t} tokens exceed num_max_tokens_per_rank = {}",
                     s.max_tokens
                 )));
             }
             if dtype == RowDtype::Fp8 {
-                x_scales[r].check(
-                    &format!("x_scales[{r}]"),
+                x_scales[i].check(
+                    &format!("x_scales[{i}]"),
                     &[F32],
                     &[Some(t), Some(h / 128)],
                     dev,
                 )?;
             }
-            idx[r].check(&format!("topk_idx[{r}]"), &[I32], &[Some(t), Some(k)], dev)?;
-            probs[r].check(&format!("probs[{r}]"), &[F32], &[Some(t), Some(k)], dev)?;
+            idx[i].check(&format!("topk_idx[{i}]"), &[I32], &[Some(t), Some(k)], dev)?;
+            probs[i].check(&format!("probs[{i}]"), &[F32], &[Some(t), Some(k)], dev)?;
             tokens.push(t);
         }
         // Unfilled until the dispatch succeeds: a failed one leaves nothing to combine.
         d.rows.clear();
         let mut sizes = None;
         self.on_streams(streams, || {
-            for r in 0..ranks {
+            for (i, r) in ranks.clone().enumerate() {
                 let p = self.ep.ptrs(r);
-                let t = tokens[r];
-                self.copy(r, p.x, x[r].ptr, t * dtype.row_bytes(h))?;
+                let t = tokens[i];
+                self.copy(r, p.x, x[i].ptr, t * dtype.row_bytes(h))?;
                 if dtype == RowDtype::Fp8 {
-                    self.copy(r, p.x_scales, x_scales[r].ptr, t * (h / 128) * 4)?;
+                    self.copy(r, p.x_scales, x_scales[i].ptr, t * (h / 128) * 4)?;
                 }
-                self.copy(r, p.topk_idx, idx[r].ptr, t * k * 4)?;
-                self.copy(r, p.probs, probs[r].ptr, t * k * 4)?;
+                self.copy(r, p.topk_idx, idx[i].ptr, t * k * 4)?;
+                self.copy(r, p.probs, probs[i].ptr, t * k * 4)?;
             }
             sizes = self
                 .ep
@@ -342,7 +400,7 @@ impl World {
                     Some(sizes.into_iter().map(|d| d.tokens_per_expert).collect());
             }
             (None, SyncMode::NonBlocking { row_bound }) => {
-                d.rows = vec![row_bound; ranks];
+                d.rows = vec![row_bound; locals];
                 d.tokens_per_expert = None;
             }
             (None, SyncMode::Blocking) => unreachable!("a blocking dispatch reports its sizes"),
@@ -365,53 +423,55 @@ impl World {
     ) -> Result<()> {
         self.check_filled(d)?;
         let s = self.spec();
-        let (h, ranks, dtype) = (s.hidden, s.ranks, self.dtype());
-        let rows = per_rank("rows", rows, ranks)?;
-        let probs = per_rank("probs", probs, ranks)?;
+        let (h, dtype) = (s.hidden, self.dtype());
+        let ranks = self.local_ranks();
+        let locals = ranks.len();
+        let rows = per_rank("rows", rows, locals)?;
+        let probs = per_rank("probs", probs, locals)?;
         let scales = match dtype {
-            RowDtype::Fp8 => per_rank("scales", scales, ranks)?,
+            RowDtype::Fp8 => per_rank("scales", scales, locals)?,
             RowDtype::Bf16 => scales,
         };
         let counts = match tokens_per_expert.is_empty() {
             true => tokens_per_expert,
-            false => per_rank("tokens_per_expert", tokens_per_expert, ranks)?,
+            false => per_rank("tokens_per_expert", tokens_per_expert, locals)?,
         };
         let local = s.local_experts();
-        for r in 0..ranks {
-            let (dev, n) = (self.device(r), d.rows[r]);
-            if let Some(c) = counts.get(r) {
+        for (i, r) in ranks.clone().enumerate() {
+            let (dev, n) = (self.gpu(r).ordinal(), d.rows[i]);
+            if let Some(c) = counts.get(i) {
                 c.check(
-                    &format!("tokens_per_expert[{r}]"),
+                    &format!("tokens_per_expert[{i}]"),
                     &[I32],
                     &[Some(local)],
                     dev,
                 )?;
             }
-            rows[r].check(
-                &format!("rows[{r}]"),
+            rows[i].check(
+                &format!("rows[{i}]"),
                 self.row_dtypes(),
                 &[Some(n), Some(h)],
                 dev,
             )?;
             if dtype == RowDtype::Fp8 {
-                scales[r].check(
-                    &format!("scales[{r}]"),
+                scales[i].check(
+                    &format!("scales[{i}]"),
                     &[F32],
                     &[Some(n), Some(h / 128)],
                     dev,
                 )?;
             }
-            probs[r].check(&format!("probs[{r}]"), &[F32], &[Some(n)], dev)?;
+            probs[i].check(&format!("probs[{i}]"), &[F32], &[Some(n)], dev)?;
         }
         self.on_streams(streams, || {
-            for r in 0..ranks {
-                let (p, n) = (self.ep.ptrs(r), d.rows[r]);
-                self.copy(r, rows[r].ptr, p.out_rows, n * dtype.row_bytes(h))?;
+            for (i, r) in ranks.clone().enumerate() {
+                let (p, n) = (self.ep.ptrs(r), d.rows[i]);
+                self.copy(r, rows[i].ptr, p.out_rows, n * dtype.row_bytes(h))?;
                 if dtype == RowDtype::Fp8 {
-                    self.copy(r, scales[r].ptr, p.out_scales, n * (h / 128) * 4)?;
+                    self.copy(r, scales[i].ptr, p.out_scales, n * (h / 128) * 4)?;
                 }
-                self.copy(r, probs[r].ptr, p.out_probs, n * 4)?;
-                if let Some(c) = counts.get(r) {
+                self.copy(r, probs[i].ptr, p.out_probs, n * 4)?;
+                if let Some(c) = counts.get(i) {
                     let padded = self.ep.handle_ptrs(&d.handle, r).padded;
                     self.copy(r, c.ptr, padded, local * 4)?;
                 }
@@ -436,24 +496,26 @@ impl World {
         self.check_filled(d)?;
         let order = combine_order(order)?;
         let s = self.spec();
-        let (h, k, ranks) = (s.hidden, s.topk, s.ranks);
-        let rows = per_rank("rows", rows, ranks)?;
-        let y = per_rank("y", y, ranks)?;
+        let (h, k) = (s.hidden, s.topk);
+        let ranks = self.local_ranks();
+        let locals = ranks.len();
+        let rows = per_rank("rows", rows, locals)?;
+        let y = per_rank("y", y, locals)?;
         let grads = match prob_grads {
             Some((g, out)) => Some((
-                per_rank("prob_grads", g, ranks)?,
-                per_rank("grad_probs", out, ranks)?,
+                per_rank("prob_grads", g, locals)?,
+                per_rank("grad_probs", out, locals)?,
             )),
             None => None,
         };
-        for r in 0..ranks {
-            let (dev, n, t) = (self.device(r), d.rows[r], d.tokens[r]);
-            rows[r].check(&format!("rows[{r}]"), &[BF16], &[Some(n), Some(h)], dev)?;
-            y[r].check(&format!("y[{r}]"), &[BF16], &[Some(t), Some(h)], dev)?;
+        for (i, r) in ranks.clone().enumerate() {
+            let (dev, n, t) = (self.gpu(r).ordinal(), d.rows[i], d.tokens[i]);
+            rows[i].check(&format!("rows[{i}]"), &[BF16], &[Some(n), Some(h)], dev)?;
+            y[i].check(&format!("y[{i}]"), &[BF16], &[Some(t), Some(h)], dev)?;
             if let Some((g, out)) = grads {
-                g[r].check(&format!("prob_grads[{r}]"), &[F32], &[Some(n)], dev)?;
-                out[r].check(
-                    &format!("grad_probs[{r}]"),
+                g[i].check(&format!("prob_grads[{i}]"), &[F32], &[Some(n)], dev)?;
+                out[i].check(
+                    &format!("grad_probs[{i}]"),
                     &[F32],
                     &[Some(t), Some(k)],
                     dev,
@@ -461,20 +523,20 @@ impl World {
             }
         }
         self.on_streams(streams, || {
-            for r in 0..ranks {
-                let (p, n) = (self.ep.ptrs(r), d.rows[r]);
-                self.copy(r, p.comb_rows, rows[r].ptr, n * h * 2)?;
+            for (i, r) in ranks.clone().enumerate() {
+                let (p, n) = (self.ep.ptrs(r), d.rows[i]);
+                self.copy(r, p.comb_rows, rows[i].ptr, n * h * 2)?;
                 if let Some((g, _)) = grads {
-                    self.copy(r, p.comb_prob_grads, g[r].ptr, n * 4)?;
+                    self.copy(r, p.comb_prob_grads, g[i].ptr, n * 4)?;
                 }
             }
             self.ep
                 .combine(&d.handle, grads.is_some(), order, d.mode())?;
-            for r in 0..ranks {
-                let (p, t) = (self.ep.ptrs(r), d.tokens[r]);
-                self.copy(r, y[r].ptr, p.y, t * h * 2)?;
+            for (i, r) in ranks.clone().enumerate() {
+                let (p, t) = (self.ep.ptrs(r), d.tokens[i]);
+                self.copy(r, y[i].ptr, p.y, t * h * 2)?;
                 if let Some((_, out)) = grads {
-                    self.copy(r, out[r].ptr, p.grad_probs, t * k * 4)?;
+                    self.copy(r, out[i].ptr, p.grad_probs, t * k * 4)?;
                 }
             }
             Ok(())
@@ -492,26 +554,28 @@ impl World {
     ) -> Result<()> {
         self.check_filled(d)?;
         let s = self.spec();
-        let (h, ranks) = (s.hidden, s.ranks);
-        let grad_y = per_rank("grad_y", grad_y, ranks)?;
-        let grad_rows = per_rank("grad_rows", grad_rows, ranks)?;
-        for r in 0..ranks {
-            let (dev, n, t) = (self.device(r), d.rows[r], d.tokens[r]);
-            grad_y[r].check(&format!("grad_y[{r}]"), &[BF16], &[Some(t), Some(h)], dev)?;
-            grad_rows[r].check(
-                &format!("grad_rows[{r}]"),
+        let h = s.hidden;
+        let ranks = self.local_ranks();
+        let locals = ranks.len();
+        let grad_y = per_rank("grad_y", grad_y, locals)?;
+        let grad_rows = per_rank("grad_rows", grad_rows, locals)?;
+        for (i, r) in ranks.clone().enumerate() {
+            let (dev, n, t) = (self.gpu(r).ordinal(), d.rows[i], d.tokens[i]);
+            grad_y[i].check(&format!("grad_y[{i}]"), &[BF16], &[Some(t), Some(h)], dev)?;
+            grad_rows[i].check(
+                &format!("grad_rows[{i}]"),
                 &[BF16],
                 &[Some(n), Some(h)],
                 dev,
             )?;
         }
         self.on_streams(streams, || {
-            for (r, g) in grad_y.iter().enumerate() {
-                self.copy(r, self.ep.ptrs(r).x, g.ptr, d.tokens[r] * h * 2)?;
+            for (g, (i, r)) in grad_y.iter().zip(ranks.clone().enumerate()) {
+                self.copy(r, self.ep.ptrs(r).x, g.ptr, d.tokens[i] * h * 2)?;
             }
             self.ep.combine_backward(&d.handle, d.mode())?;
-            for (r, g) in grad_rows.iter().enumerate() {
-                self.copy(r, g.ptr, self.ep.ptrs(r).out_rows, d.rows[r] * h * 2)?;
+            for (g, (i, r)) in grad_rows.iter().zip(ranks.clone().enumerate()) {
+                self.copy(r, g.ptr, self.ep.ptrs(r).out_rows, d.rows[i] * h * 2)?;
             }
             Ok(())
         })
@@ -561,5 +625,34 @@ mod tests {
         })
         .starts_with("num_sms: "));
         assert!(matches!(combine_order("sum"), Err(Error::Value(m)) if m.starts_with("order: ")));
+    }
+
+    #[test]
+    fn a_process_ranks_arguments_are_value_errors_before_any_gpu_is_touched() {
+        let args = WorldArgs {
+            num_ranks: 2,
+            num_experts: 64,
+            num_topk: 6,
+            hidden: 512,
+            num_max_tokens_per_rank: 128,
+            max_pad_multiple: 128,
+            dtype: "fp8",
+            num_sms: None,
+            deadline_ms: None,
+        };
+        assert!(World::rank_config(&args, 1, 0).is_ok());
+        let value = |a: &WorldArgs, rank, device| match World::rank_config(a, rank, device) {
+            Err(Error::Value(m)) => m,
+            other => panic!("{:?}", other.map(|c| c.0.spec)),
+        };
+        assert_eq!(value(&args, 2, 0), "rank: 2 is not below num_ranks = 2");
+        assert!(value(&args, -1, 0).starts_with("rank: "));
+        assert!(value(&args, 0, -1).starts_with("device: "));
+        // A world size the experts do not split over names it.
+        let three = WorldArgs {
+            num_ranks: 3,
+            ..args
+        };
+        assert!(value(&three, 0, 0).starts_with("num_experts: "));
     }
 }

@@ -3,6 +3,7 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
+use megamoe_cuda::AllGather;
 use megamoe_ep::RowDtype;
 
 use super::ipc::{IpcBuffer, IpcPeer};
@@ -11,6 +12,11 @@ use super::tensor::TensorArg;
 use super::{Dispatch, World, WorldArgs};
 use crate::api::count;
 use crate::error::Error;
+
+/// The name of `obj`'s Python type, for messages.
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type().name().map_or("?".into(), |n| n.to_string())
+}
 
 /// A torch tensor's metadata; anything else is a ValueError naming `arg`.
 fn tensor(arg: &str, obj: &Bound<'_, PyAny>) -> PyResult<TensorArg> {
@@ -31,8 +37,11 @@ fn tensor(arg: &str, obj: &Bound<'_, PyAny>) -> PyResult<TensorArg> {
         })
     };
     read().map_err(|_| {
-        let ty = obj.get_type().name().map_or("?".into(), |n| n.to_string());
-        Error::Value(format!("{arg}: expected a torch tensor, got {ty}")).into()
+        Error::Value(format!(
+            "{arg}: expected a torch tensor, got {}",
+            type_name(obj)
+        ))
+        .into()
     })
 }
 
@@ -48,6 +57,34 @@ fn tensors(arg: &str, list: &Bound<'_, PyAny>) -> PyResult<Vec<TensorArg>> {
 
 fn optional(arg: &str, list: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<TensorArg>> {
     list.map_or(Ok(vec![]), |l| tensors(arg, l))
+}
+
+/// The exchange of a one-rank-per-process world: a Python callable taking this process's bytes
+/// and returning every rank's, in rank order (torch.distributed's all_gather_object in
+/// python/megamoe/ep.py). What it raises, or a result of another kind, fails the exchange
+/// naming this rank.
+struct PyAllGather {
+    call: Py<PyAny>,
+    rank: usize,
+}
+
+impl AllGather for PyAllGather {
+    fn all_gather(&mut self, mine: &[u8]) -> megamoe_cuda::Result<Vec<Vec<u8>>> {
+        Python::attach(|py| {
+            let out = self.call.call1(py, (PyBytes::new(py, mine),))?;
+            out.extract::<Vec<Vec<u8>>>(py).map_err(|_| {
+                let ty = type_name(out.bind(py));
+                Error::Value(format!(
+                    "returned a {ty}, expected a list of bytes (one per rank)"
+                ))
+                .into()
+            })
+        })
+        .map_err(|e: PyErr| megamoe_cuda::Error::Exchange {
+            rank: self.rank,
+            reason: format!("all_gather: {e}"),
+        })
+    }
 }
 
 /// One process's expert-parallel world (see python/megamoe/ep.py, which wraps it).
@@ -112,9 +149,64 @@ impl PyWorld {
         Ok(PyWorld { world })
     }
 
+    /// Rank `rank` of a world of `num_ranks` processes (one rank each), on CUDA device
+    /// `device`; `all_gather(bytes) -> list[bytes]` swaps the symmetric buffers' handles and is
+    /// called by every process in the same order. Arguments are checked before any GPU is
+    /// touched or `all_gather` called.
+    #[staticmethod]
+    #[pyo3(signature = (
+        rank, device, all_gather, num_ranks, num_experts, num_topk, hidden,
+        num_max_tokens_per_rank, max_pad_multiple = 128, dtype = "bf16", num_sms = None,
+        deadline_ms = None
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn for_rank(
+        py: Python<'_>,
+        rank: i64,
+        device: i64,
+        all_gather: &Bound<'_, PyAny>,
+        num_ranks: i64,
+        num_experts: i64,
+        num_topk: i64,
+        hidden: i64,
+        num_max_tokens_per_rank: i64,
+        max_pad_multiple: i64,
+        dtype: &str,
+        num_sms: Option<i64>,
+        deadline_ms: Option<i64>,
+    ) -> PyResult<Self> {
+        let args = WorldArgs {
+            num_ranks,
+            num_experts,
+            num_topk,
+            hidden,
+            num_max_tokens_per_rank,
+            max_pad_multiple,
+            dtype,
+            num_sms,
+            deadline_ms,
+        };
+        let (config, rank, device) = World::rank_config(&args, rank, device)?;
+        if !all_gather.is_callable() {
+            let ty = type_name(all_gather);
+            return Err(Error::Value(format!("all_gather: expected a callable, got {ty}")).into());
+        }
+        let exchange = Box::new(PyAllGather {
+            call: all_gather.clone().unbind(),
+            rank,
+        });
+        let world = py.detach(|| World::for_rank(config, rank, device, exchange))?;
+        Ok(PyWorld { world })
+    }
+
     #[getter]
     fn num_ranks(&self) -> usize {
         self.world.spec().ranks
+    }
+    /// The ranks this process holds, in the order of the calls' per-rank lists.
+    #[getter]
+    fn local_ranks(&self) -> Vec<usize> {
+        self.world.local_ranks().collect()
     }
     #[getter]
     fn num_experts(&self) -> usize {
@@ -135,8 +227,8 @@ impl PyWorld {
             RowDtype::Fp8 => "fp8",
         }
     }
-    fn device(&self, rank: usize) -> usize {
-        self.world.device(rank)
+    fn device(&self, rank: usize) -> PyResult<usize> {
+        Ok(self.world.device(rank)?)
     }
     fn context_handle(&self, rank: usize) -> PyResult<u64> {
         Ok(self.world.context_handle(rank)?)

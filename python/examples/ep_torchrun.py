@@ -69,9 +69,11 @@ def check(buffer: ep.Buffer, order: str = "per_rank", seed: int = 0, group=None)
     fp8 = buffer.dtype == "fp8"
     codes, scales = ep.quantize_fp8(x.detach()) if fp8 else (x.detach(), None)
     mine = [codes, scales, idx, probs.detach(), rows.detach(), grad_row_probs, grad_y]
-    mine = [None if t is None else t.cpu() for t in mine]
+    # Tensors cross as (dtype, bytes): torch's own pickling of e4m3 storage does not load back.
+    mine = [None if t is None else (t.dtype, t.cpu().contiguous().view(torch.uint8)) for t in mine]
     every = [None] * buffer.num_ranks
     dist.all_gather_object(every, mine, group=group)
+    every = [[None if w is None else w[1].view(w[0]) for w in ts] for ts in every]
     xs, xscales, idxs, ps, rowss, gps, gys = (list(col) for col in zip(*every))
     want = ep.reference(buffer, xs, idxs, ps, PAD, rowss, gps, gys, order, xscales if fp8 else None)
     want = {k: v[rank] for k, v in want.items() if v is not None}

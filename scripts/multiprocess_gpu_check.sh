@@ -1,10 +1,10 @@
 #!/bin/bash
-# Dispatch/combine with one process per rank on one GPU: `megamoe ep-procs` starts 2, then 4
+# Dispatch/combine and the fused layer with one process per rank on one GPU: `megamoe ep-procs` starts 2, then 4
 # processes (one rank each, peers' symmetric buffers mapped over CUDA IPC, handles swapped
 # through a rendezvous directory) that check their rank's dispatch_with_permute, both combine
-# orders and both backwards bit for bit against the CPU reference, BF16 and FP8; then a peer
-# that never starts and one that never calls, which must fail rank 0 within the deadline naming
-# rank 1. Then the single-process ep checks of the selftest, unchanged. One PASS/FAIL line per
+# orders and both backwards bit for bit against the CPU reference, BF16 and FP8, and one call of
+# the fused layer bit for bit against the same batch on virtual ranks; then a peer that never
+# starts and ones that never call, which must fail rank 0 within the deadline naming rank 1. Then the single-process ep checks of the selftest, unchanged. One PASS/FAIL line per
 # case; logs go to OUT_DIR. Expected: well under a minute, JIT compilation included.
 # usage: scripts/multiprocess_gpu_check.sh MEGAMOE_BINARY OUT_DIR
 set -u

@@ -23,8 +23,8 @@ use megamoe_core::weights::RankWeightsFp8;
 use megamoe_core::Error;
 use megamoe_cuda::wait::{deadline_ns, DEFAULT_DEADLINE};
 use megamoe_cuda::{
-    jit, DeviceBuffer, Gpu, Kernel as CudaKernel, LaunchConfig, Quantizer, SymmetricBuffer,
-    WaitNames, World,
+    jit, AllGather, DeviceBuffer, Gpu, Kernel as CudaKernel, LaunchConfig, Quantizer,
+    SymmetricBuffer, WaitNames, World,
 };
 use megamoe_ep::params::ErrorRecord;
 use megamoe_gemm::grouped::gemm_params;
@@ -115,6 +115,10 @@ pub struct FusedOptions {
     pub deadline: std::time::Duration,
     /// Run the kernel instantiation that records its timeline ([`FusedLayer::trace_report`]).
     pub trace: bool,
+    /// CTAs of each rank's launch, one per SM (default: every SM of its GPU, divided among the
+    /// ranks this process runs on it). Processes that share a GPU each take a share of its
+    /// SMs only when they say so here.
+    pub ctas: Option<usize>,
 }
 
 impl Default for FusedOptions {
@@ -122,6 +126,7 @@ impl Default for FusedOptions {
         FusedOptions {
             deadline: DEFAULT_DEADLINE,
             trace: false,
+            ctas: None,
         }
     }
 }
@@ -158,6 +163,7 @@ pub struct FusedLayer {
     pub layout: SymmetricLayout,
     world: World,
     buffers: SymmetricBuffer,
+    /// The ranks this process holds, `world.local_ranks()` in order.
     ranks: Vec<FusedRank>,
     launch: LaunchConfig,
     expert_counts: Vec<Vec<u64>>,
@@ -228,8 +234,27 @@ impl FusedLayer {
         options: FusedOptions,
     ) -> Result<FusedLayer> {
         spec.validate()?;
+        let world = World::with_deadline(spec.ranks, options.deadline)?;
         let probe = options.trace;
-        FusedLayer::build(spec, weights, options, spec.fused_layout()?, probe)
+        FusedLayer::build(spec, weights, options, spec.fused_layout()?, probe, world)
+    }
+
+    /// Rank `rank` of a world of `spec.ranks` processes (one rank each, as under torchrun), on
+    /// GPU `device`: every process builds its rank with the same `spec` and `options`, and the
+    /// symmetric buffers' handles go through `exchange`, which every process calls in the same
+    /// order. `weights(rank)` is asked for this rank only; calls take this rank's input alone.
+    pub fn for_rank(
+        spec: LayerSpec,
+        weights: impl Fn(usize) -> megamoe_core::Result<RankWeightsFp8>,
+        options: FusedOptions,
+        rank: usize,
+        device: usize,
+        exchange: Box<dyn AllGather>,
+    ) -> Result<FusedLayer> {
+        spec.validate()?;
+        let layout = spec.fused_layout()?;
+        let world = World::one_rank(rank, spec.ranks, device, options.deadline, exchange)?;
+        FusedLayer::build(spec, weights, options, layout, options.trace, world)
     }
 
     /// The layer whose rank `rank` takes `fault` on every call (the selftest's fault checks).
@@ -245,7 +270,9 @@ impl FusedLayer {
             deadline,
             ..FusedOptions::default()
         };
-        let mut layer = FusedLayer::build(spec, weights, options, spec.fused_layout()?, true)?;
+        let world = World::with_deadline(spec.ranks, deadline)?;
+        let mut layer =
+            FusedLayer::build(spec, weights, options, spec.fused_layout()?, true, world)?;
         let (fault, sleep_ns) = match fault {
             Fault::StopAfterRouting => (FUSED_STOP_AFTER_ROUTING, 0),
             Fault::StopMidTasks => (FUSED_STOP_MID_TASKS, 0),
@@ -271,7 +298,9 @@ impl FusedLayer {
         let ring = RingSizing::full_pool(&spec.shape, spec.ranks, spec.max_tokens);
         let layout =
             SymmetricLayout::with_ring(Kernel::Fused, &spec.shape, spec.ranks, spec.group, ring)?;
-        FusedLayer::build(spec, weights, FusedOptions::default(), layout, false)
+        let options = FusedOptions::default();
+        let world = World::with_deadline(spec.ranks, options.deadline)?;
+        FusedLayer::build(spec, weights, options, layout, false, world)
     }
 
     /// `probe`: load the probe instantiation (with [`FusedOptions::trace`] or an injected fault).
@@ -281,6 +310,7 @@ impl FusedLayer {
         options: FusedOptions,
         layout: SymmetricLayout,
         probe: bool,
+        world: World,
     ) -> Result<FusedLayer> {
         let (h, i, e, k) = (
             spec.shape.hidden,
@@ -289,9 +319,8 @@ impl FusedLayer {
             spec.shape.topk,
         );
         let el = spec.shape.local_experts(spec.ranks);
-        let world = World::with_deadline(spec.ranks, options.deadline)?;
         let sms = world.ranks()[0].gpu.props().sm_count as usize;
-        let ctas = comm_sms(None, spec.ranks, world.gpu_count(), sms);
+        let ctas = comm_sms(options.ctas, world.ranks().len(), world.gpu_count(), sms);
         let launch = LaunchConfig::new(ctas as u32, FUSED_THREADS)
             .with_dynamic_smem(fused_smem_bytes(spec.group) as u32);
         let compiled = jit::compile(&fused_spec(spec.group, probe))?;
@@ -305,12 +334,12 @@ impl FusedLayer {
         }
         let off = |name| region(&layout, name);
         let config = l1_config(ctas);
-        let mut ranks = Vec::with_capacity(spec.ranks);
-        for (r, kernel) in kernels.into_iter().enumerate() {
+        let mut ranks = Vec::with_capacity(world.ranks().len());
+        for (r, kernel) in world.local_ranks().zip(kernels) {
             let w = weights(r).map_err(|e| LayerError::input(r, e))?;
             weights::check(&w, &spec.shape, el).map_err(|e| LayerError::input(r, e))?;
             let (w1, s1) = weights::interleave_w1(&w.w1, &w.s1, &spec.shape, el);
-            let rank = &world.ranks()[r];
+            let rank = world.rank(r);
             let gpu = rank.gpu.clone();
             let w1 = gpu.alloc_from(&w1)?;
             let s1 = gpu.alloc_from(&s1)?;
@@ -496,7 +525,8 @@ impl FusedLayer {
     }
 
     /// Cumulative rows received per local expert (index: rank, then local expert), over every
-    /// staged call of this layer: what load balancers read.
+    /// staged call of this layer: what load balancers read. A layer of one rank per process
+    /// counts the rows its own rank sent.
     pub fn expert_counts(&self) -> &[Vec<u64>] {
         &self.expert_counts
     }
@@ -507,9 +537,9 @@ impl FusedLayer {
         inputs: &[RankInput],
         num_tokens_bound: Option<usize>,
     ) -> Result<FusedStaged> {
-        let tokens = check_call(&self.spec, inputs, num_tokens_bound)?;
+        let tokens = check_call(&self.spec, self.local_ranks(), inputs, num_tokens_bound)?;
         let bound = num_tokens_bound.unwrap_or(self.layout.ring.t_cap);
-        self.upload(inputs, tokens, vec![bound; self.spec.ranks])
+        self.upload(inputs, tokens, vec![bound; self.ranks.len()])
     }
 
     /// [`Self::stage`] with one bound per rank and no host check of the bounds: the device
@@ -519,7 +549,7 @@ impl FusedLayer {
         inputs: &[RankInput],
         bounds: &[usize],
     ) -> Result<FusedStaged> {
-        let tokens = check_call(&self.spec, inputs, None)?;
+        let tokens = check_call(&self.spec, self.local_ranks(), inputs, None)?;
         self.upload(inputs, tokens, bounds.to_vec())
     }
 
@@ -532,7 +562,8 @@ impl FusedLayer {
         self.check_usable()?;
         let s = &self.spec;
         let (e, el) = (s.shape.experts, s.shape.local_experts(s.ranks));
-        // The order of the call, from rank 0's bound (every rank computes the same from its own).
+        // The order of the call, from the first local rank's bound (every rank computes the
+        // same from its own).
         let ring = self.layout.ring;
         let bound0 = bounds[0].min(ring.t_cap);
         let order = call_order(&s.shape, s.ranks, &ring, bound0.max(1), 128);
@@ -541,14 +572,14 @@ impl FusedLayer {
             Order::Lagged { lag_units } => lag_units,
         };
         let off = |name| region(&self.layout, name) as usize;
-        let mut bf16 = Vec::with_capacity(s.ranks);
-        for (r, input) in inputs.iter().enumerate() {
+        let mut bf16 = Vec::with_capacity(inputs.len());
+        for ((r, rank), input) in self.local_ranks().zip(&self.ranks).zip(inputs) {
             let buf = self.buffers.local(r);
             buf.upload_at(off("topk_idx"), input.topk_idx)?;
             buf.upload_at(off("topk_weights"), input.topk_weights)?;
             match input.x {
                 Activations::Bf16(x) => {
-                    self.ranks[r].x_bf16.upload(x)?;
+                    rank.x_bf16.upload(x)?;
                     bf16.push(true);
                 }
                 Activations::Fp8 { data, scales } => {
@@ -557,12 +588,8 @@ impl FusedLayer {
                     bf16.push(false);
                 }
                 Activations::Device(x) => {
-                    let places = [
-                        (&self.ranks[r].x_bf16, 0),
-                        (buf, off("x")),
-                        (buf, off("x_scales")),
-                    ];
-                    bf16.push(x.copy_into(&self.ranks[r].gpu, places, s.shape.hidden)?);
+                    let places = [(&rank.x_bf16, 0), (buf, off("x")), (buf, off("x_scales"))];
+                    bf16.push(x.copy_into(&rank.gpu, places, s.shape.hidden)?);
                 }
             }
         }
@@ -597,10 +624,10 @@ impl FusedLayer {
     /// Queues a staged call on every rank's stream (no host synchronization; errors of the
     /// device side are reported by [`Self::finish`]).
     pub fn launch(&mut self, staged: &FusedStaged) -> Result<()> {
-        self.launch_ranks(staged, &vec![true; self.spec.ranks])
+        self.launch_ranks(staged, &vec![true; self.ranks.len()])
     }
 
-    /// [`Self::launch`] on the ranks marked in `ranks` only: the others never arrive (the
+    /// [`Self::launch`] on the local ranks marked in `ranks` only: the others never arrive (the
     /// selftest's fault check of a rank that stops).
     pub(crate) fn launch_ranks(&mut self, staged: &FusedStaged, ranks: &[bool]) -> Result<()> {
         self.check_usable()?;
@@ -609,23 +636,23 @@ impl FusedLayer {
             region(&self.layout, "x") as usize,
             region(&self.layout, "x_scales") as usize,
         );
-        for (r, rank) in self.ranks.iter().enumerate() {
-            if staged.bf16[r] && ranks[r] {
+        for (i, (r, rank)) in self.local_ranks().zip(&self.ranks).enumerate() {
+            if staged.bf16[i] && ranks[i] {
                 let buf = self.buffers.local(r);
                 rank.quantizer.launch_at(
                     &rank.gpu,
                     &rank.x_bf16,
                     (buf, x),
                     (buf, xs),
-                    staged.tokens[r],
+                    staged.tokens[i],
                     h,
                 )?;
             }
         }
-        for (r, rank) in self.ranks.iter().enumerate().filter(|(r, _)| ranks[*r]) {
+        for (i, rank) in self.ranks.iter().enumerate().filter(|(i, _)| ranks[*i]) {
             let mut p = rank.params;
-            p.r.tokens = staged.tokens[r] as i32;
-            p.r.bound = staged.bounds[r].min(i32::MAX as usize) as i32;
+            p.r.tokens = staged.tokens[i] as i32;
+            p.r.bound = staged.bounds[i].min(i32::MAX as usize) as i32;
             p.r.lag_units = staged.lag_units as i32;
             p.r.ring_slots = staged.ring_slots as i32;
             match self.probe {
@@ -661,7 +688,7 @@ impl FusedLayer {
         let off = region(&self.layout, "error") as usize;
         let mut first = None;
         let mut rejected = 0;
-        for r in 0..self.spec.ranks {
+        for r in self.local_ranks() {
             let mut rec = [ErrorRecord::default()];
             let buf = self.buffers.local(r);
             buf.download_into(off, &mut rec)?;
@@ -678,7 +705,7 @@ impl FusedLayer {
                 reason: format!(
                     "{} ({rejected} of {} ranks rejected the call)",
                     describe(rec),
-                    self.spec.ranks
+                    self.ranks.len()
                 ),
             }),
         }
@@ -697,9 +724,18 @@ impl FusedLayer {
         Ok(out)
     }
 
-    /// The GPU handle of rank `rank` (its stream, its timers).
+    /// The GPU handle of local rank `rank` (its stream, its timers).
     pub fn gpu(&self, rank: usize) -> &Gpu {
-        &self.ranks[rank].gpu
+        &self.local(rank).gpu
+    }
+
+    /// The ranks this process holds: every rank, or one ([`Self::for_rank`]).
+    pub fn local_ranks(&self) -> std::ops::Range<usize> {
+        self.world.local_ranks()
+    }
+
+    fn local(&self, rank: usize) -> &FusedRank {
+        &self.ranks[rank - self.local_ranks().start]
     }
 
     /// CTAs of each rank's launch.
@@ -707,15 +743,17 @@ impl FusedLayer {
         self.launch.grid.0
     }
 
-    /// Downloads the outputs of the last finished call.
+    /// Downloads the outputs of the last finished call, one per local rank.
     pub fn outputs(&self, staged: &FusedStaged) -> Result<Vec<Vec<bf16>>> {
-        download_outputs(&staged.tokens, self.spec.shape.hidden, |r| self.output(r))
+        download_outputs(&staged.tokens, self.spec.shape.hidden, |i| {
+            (&self.ranks[i].y, 0)
+        })
     }
 
-    /// Where rank `rank`'s output of the last finished call is: bf16 `[T, H]` from a byte
-    /// offset of a buffer.
+    /// Where local rank `rank`'s output of the last finished call is: bf16 `[T, H]` from a
+    /// byte offset of a buffer.
     pub(crate) fn output(&self, rank: usize) -> (&DeviceBuffer, usize) {
-        (&self.ranks[rank].y, 0)
+        (&self.local(rank).y, 0)
     }
 
     /// Every rank's staged inputs as bytes: the input rows and scales, the routing, the bf16
@@ -723,14 +761,14 @@ impl FusedLayer {
     pub(crate) fn input_bytes(&self) -> Result<Vec<u8>> {
         let off = |name| region(&self.layout, name) as usize;
         let mut out = Vec::new();
-        for r in 0..self.spec.ranks {
+        for (r, rank) in self.local_ranks().zip(&self.ranks) {
             let buf = self.buffers.local(r);
             let places = [
                 (buf, off("x")),
                 (buf, off("x_scales")),
                 (buf, off("topk_idx")),
                 (buf, off("topk_weights")),
-                (&self.ranks[r].x_bf16, 0),
+                (&rank.x_bf16, 0),
             ];
             append_staged(&self.spec, places, &mut out)?;
         }
@@ -749,7 +787,7 @@ impl FusedLayer {
     /// Where rank `rank`'s last finished call spent its time (a layer built with
     /// [`FusedOptions::trace`]).
     pub fn trace_report(&self, rank: usize) -> Result<TraceReport> {
-        let Some(buf) = &self.ranks[rank].trace else {
+        let Some(buf) = &self.local(rank).trace else {
             return Err(Error::Value {
                 arg: "trace",
                 value: "off".into(),
@@ -768,7 +806,7 @@ impl FusedLayer {
     /// the same T per rank and the same bound as `staged`.
     pub fn capture(&mut self, staged: &FusedStaged) -> Result<FusedGraph> {
         self.check_usable()?;
-        let mut graphs = Vec::with_capacity(self.spec.ranks);
+        let mut graphs = Vec::with_capacity(self.ranks.len());
         for rank in &self.ranks {
             rank.gpu.begin_capture()?;
         }
@@ -888,6 +926,36 @@ fn describe(rec: ErrorRecord) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    struct Unreachable;
+
+    impl AllGather for Unreachable {
+        fn all_gather(&mut self, _: &[u8]) -> megamoe_cuda::Result<Vec<Vec<u8>>> {
+            panic!("the arguments should have been rejected before any exchange")
+        }
+    }
+
+    #[test]
+    fn a_rank_outside_the_world_is_rejected_before_any_exchange() {
+        let shape = megamoe_core::Preset::by_name("tiny").unwrap().shape;
+        let spec = LayerSpec::new(shape, 2, 64);
+        let no_weights = |_| unreachable!("no weights are read for a rejected rank");
+        let err = FusedLayer::for_rank(
+            spec,
+            no_weights,
+            FusedOptions::default(),
+            2,
+            0,
+            Box::new(Unreachable),
+        )
+        .err()
+        .expect("rank 2 of 2 is rejected")
+        .to_string();
+        assert!(
+            err.contains("`rank`: 2 is not below the world size 2"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn a_fused_layer_can_move_to_another_thread() {

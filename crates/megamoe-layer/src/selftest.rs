@@ -17,9 +17,10 @@ use megamoe_core::routing::{generate_world, RoutingKind, RoutingSpec};
 use megamoe_core::{diff, fused_layer, LayerOptions, Preset, WeightGen, WorldInputs};
 
 use megamoe_cuda::selftest::{every_other_rank_names, Check};
+use megamoe_cuda::AllGather;
 use megamoe_ep::{FaultKind, InjectedFault};
 
-use crate::fused::{Fault, FusedLayer};
+use crate::fused::{Fault, FusedLayer, FusedOptions};
 use crate::inputs::{bf16_inputs, fp8_inputs, quantize_inputs, spec_for};
 use crate::layer::MoeLayer;
 use crate::spec::{Kind, LayerSpec};
@@ -156,6 +157,70 @@ fn against_reference(
             Ok(note)
         }),
     }
+}
+
+/// The shape of [`fused_rank_check`].
+const RANK_CHECK_PRESET: &str = "tiny";
+
+/// The kernel [`fused_rank_check`] runs (a driver compiles it once before starting the processes).
+pub fn fused_rank_kernel() -> megamoe_cuda::KernelSpec {
+    let spec = LayerSpec::new(shape(RANK_CHECK_PRESET, None), 2, 1);
+    crate::kernel::fused_spec(spec.group, false)
+}
+
+/// One process's part of the fused layer with one rank per process (`megamoe ep-procs`): rank
+/// `rank` of `ranks` builds its layer with [`FusedLayer::for_rank`] on GPU `device` and runs a
+/// seeded tiny batch, the same in every process. Its output must be bit-equal to the same rank's
+/// output of a layer holding every rank in this process (virtual ranks) and within [`MAX_DIFF`]
+/// of the CPU reference. `idle`: build the layer, then make no call for two deadlines (the
+/// peers' waits must expire naming this rank).
+pub fn fused_rank_check(
+    rank: usize,
+    ranks: usize,
+    device: usize,
+    deadline: std::time::Duration,
+    exchange: Box<dyn AllGather>,
+    idle: bool,
+) -> Result<String, String> {
+    let shape = shape(RANK_CHECK_PRESET, None);
+    let seed = 0x9E0C ^ ranks as u64;
+    let world = generate_world(shape, ranks, 96, &routing("masked", seed)).map_err(err)?;
+    let gen = WeightGen::new(shape, seed);
+    let options = LayerOptions::for_shape(&shape);
+    let spec = LayerSpec {
+        kind: Kind::Fused,
+        ..spec_for(&world, &options)
+    };
+    let fused = FusedOptions {
+        deadline,
+        ..FusedOptions::default()
+    };
+    let weights = |r| gen.rank_fp8(r, ranks);
+    let mut layer =
+        FusedLayer::for_rank(spec, weights, fused, rank, device, exchange).map_err(err)?;
+    if idle {
+        std::thread::sleep(2 * deadline);
+        return Ok(format!("rank {rank}: built its layer and made no call"));
+    }
+    let inputs = bf16_inputs(&world);
+    let got = layer.forward(&inputs[rank..=rank], None).map_err(err)?;
+    let want = fused_layer(&world, &gen, &options, &|_, _| {}).map_err(err)?;
+    let d = diff::diff_bf16(&got, &want[rank..=rank]);
+    if d.is_nan() || d > MAX_DIFF {
+        return Err(format!(
+            "rank {rank}: diff {d:.3e} against the CPU reference (bound {MAX_DIFF:.0e})"
+        ));
+    }
+    let every = run_layer(Kind::Fused, &world, &gen, &options)?;
+    if every[rank] != got[0] {
+        return Err(format!(
+            "rank {rank}: the output differs from the virtual-rank layer's on the same batch"
+        ));
+    }
+    Ok(format!(
+        "rank {rank}: T {}, diff {d:.2e} to the CPU reference, bits equal to the virtual-rank layer",
+        world.ranks[rank].tokens
+    ))
 }
 
 /// bf16 input quantized by the layer against the same input quantized on the host and passed as

@@ -28,6 +28,7 @@ use megamoe_ep::{
 use megamoe_gemm::grouped::{check_wait_record, gemm_params, launch_config};
 use megamoe_gemm::heuristics::{choose, GemmConfig, GemmProblem, Layout, OutDtype};
 use megamoe_gemm::{GemmPointers, GroupedGemm};
+use std::ops::Range;
 
 use crate::device_io::DeviceActivations;
 use crate::error::{LayerError, Result};
@@ -289,7 +290,7 @@ impl SplitLayer {
     /// Checks every rank's inputs, then uploads them.
     pub fn stage(&self, inputs: &[RankInput], num_tokens_bound: Option<usize>) -> Result<Staged> {
         let s = &self.spec;
-        let tokens = check_call(s, inputs, num_tokens_bound)?;
+        let tokens = check_call(s, 0..s.ranks, inputs, num_tokens_bound)?;
         let layout = self.ep.layout;
         let mut bf16 = Vec::with_capacity(s.ranks);
         for (r, input) in inputs.iter().enumerate() {
@@ -540,23 +541,25 @@ fn l2_configs(spec: &LayerSpec, sms: usize) -> Result<Vec<(GemmProblem, GemmConf
     Ok(out)
 }
 
-/// Every rank's T, after checking the rank count, every rank's input and the bound (at least
-/// every rank's T, at most T_max), before anything is written.
+/// The T of each rank of `ranks` (the ranks this process holds, one input each), after
+/// checking the input count, every input and the bound (at least each of these ranks' T, at
+/// most T_max), before anything is written.
 pub(crate) fn check_call(
     s: &LayerSpec,
+    ranks: Range<usize>,
     inputs: &[RankInput],
     num_tokens_bound: Option<usize>,
 ) -> Result<Vec<usize>> {
-    if inputs.len() != s.ranks {
+    if inputs.len() != ranks.len() {
         return Err(Error::Length {
             arg: "inputs",
             got: inputs.len(),
-            expected: s.ranks,
+            expected: ranks.len(),
         }
         .into());
     }
-    let mut tokens = Vec::with_capacity(s.ranks);
-    for (r, input) in inputs.iter().enumerate() {
+    let mut tokens = Vec::with_capacity(ranks.len());
+    for (r, input) in ranks.zip(inputs) {
         let t = check_input(s, input).map_err(|e| LayerError::input(r, e))?;
         tokens.push(t);
     }
@@ -760,7 +763,7 @@ mod tests {
                     topk_weights: w,
                 })
                 .collect();
-            let got = check_call(&spec, &inputs, bound);
+            let got = check_call(&spec, 0..spec.ranks, &inputs, bound);
             match (got, call_fault(&spec, &ranks, bound)) {
                 (Ok(tokens), None) => {
                     prop_assert_eq!(tokens, ranks.iter().map(|r| r.0).collect::<Vec<_>>())

@@ -1,9 +1,12 @@
-//! `megamoe ep-procs`: dispatch and combine with one process per rank (as under torchrun), every
-//! process on one GPU (`--device`) or rank r on GPU r mod the visible GPUs. Each case starts R copies of this binary (`megamoe ep-rank`, hidden),
-//! which swap their symmetric buffers' handles through files in a fresh directory and each run
-//! the rounds of the selftest's `ep.bitwise.r{R}` on its own rank, bit for bit against the CPU
-//! reference. Two more cases check that a missing peer fails the others within the deadline,
-//! naming it: a peer that never starts, and one that joins the world but never calls.
+//! `megamoe ep-procs`: dispatch/combine and the fused MoE layer with one process per rank (as
+//! under torchrun), every process on one GPU (`--device`) or rank r on GPU r mod the visible
+//! GPUs. Each case starts R copies of this binary (`megamoe ep-rank`, hidden), which swap their
+//! symmetric buffers' handles through files in a fresh directory and each run, on its own rank,
+//! either the rounds of the selftest's `ep.bitwise.r{R}` (bit for bit against the CPU reference)
+//! or a fused layer call (`megamoe_layer::selftest::fused_rank_check`: bit-equal to the same
+//! batch on virtual ranks in one process, within 1e-4 of the CPU reference). More cases check
+//! that a missing peer fails the others within the deadline, naming it: a peer that never
+//! starts, and one that joins the world but never calls (dispatch/combine and the layer).
 
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -12,6 +15,7 @@ use std::time::{Duration, Instant};
 use megamoe_cuda::FileRendezvous;
 use megamoe_ep::selftest::{every_round, small};
 use megamoe_ep::{EpConfig, EpWorld, RowDtype};
+use megamoe_layer::selftest::{fused_rank_check, fused_rank_kernel};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -36,7 +40,7 @@ pub struct RankArgs {
     #[arg(long)]
     pub dir: PathBuf,
     #[arg(long, value_enum)]
-    pub dtype: Dtype,
+    pub work: Work,
     /// Deadline of the handle exchange and of every device-side wait.
     #[arg(long)]
     pub deadline_ms: u64,
@@ -45,24 +49,23 @@ pub struct RankArgs {
     pub idle: bool,
 }
 
+/// What each rank of a case runs.
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
-pub enum Dtype {
-    Bf16,
-    Fp8,
+pub enum Work {
+    /// Dispatch/combine rounds, BF16 rows.
+    EpBf16,
+    /// Dispatch/combine rounds, FP8 rows.
+    EpFp8,
+    /// One call of the fused layer.
+    Layer,
 }
 
-impl Dtype {
-    fn row_dtype(self) -> RowDtype {
-        match self {
-            Dtype::Bf16 => RowDtype::Bf16,
-            Dtype::Fp8 => RowDtype::Fp8,
-        }
-    }
-
+impl Work {
     fn name(self) -> &'static str {
         match self {
-            Dtype::Bf16 => "bf16",
-            Dtype::Fp8 => "fp8",
+            Work::EpBf16 => "ep-bf16",
+            Work::EpFp8 => "ep-fp8",
+            Work::Layer => "layer",
         }
     }
 }
@@ -80,7 +83,17 @@ const CASE_LIMIT: Duration = Duration::from_secs(60);
 pub fn run_rank(a: &RankArgs) -> Result<(), Box<dyn std::error::Error>> {
     let deadline = Duration::from_millis(a.deadline_ms);
     let exchange = FileRendezvous::new(&a.dir, a.rank, a.ranks, deadline)?;
-    let mut config = EpConfig::new(small(a.ranks), a.dtype.row_dtype());
+    let dtype = match a.work {
+        Work::EpBf16 => RowDtype::Bf16,
+        Work::EpFp8 => RowDtype::Fp8,
+        Work::Layer => {
+            let exchange = Box::new(exchange);
+            let report = fused_rank_check(a.rank, a.ranks, a.device, deadline, exchange, a.idle)?;
+            println!("{report}");
+            return Ok(());
+        }
+    };
+    let mut config = EpConfig::new(small(a.ranks), dtype);
     config.num_sms = SMS;
     config.deadline = deadline;
     let world = EpWorld::for_rank(config, a.rank, a.device, Box::new(exchange))?;
@@ -153,6 +166,7 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         megamoe_ep::params::combine_kernel(false),
         megamoe_ep::params::gather_kernel(),
         megamoe_cuda::kernels::rank_barrier(),
+        fused_rank_kernel(),
     ];
     if let Err(errors) = megamoe_cuda::jit::compile_all_clean(&specs) {
         return Err(format!(
@@ -175,9 +189,9 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let every_rank =
         |n: usize| -> Vec<Proc> { (0..n).map(|rank| Proc { rank, idle: false }).collect() };
     for &n in &args.ranks {
-        for dtype in [Dtype::Bf16, Dtype::Fp8] {
-            let name = format!("ep.procs.r{n}.{}", dtype.name());
-            failed += case.run(&name, n, dtype, DEADLINE_MS, &every_rank(n), |o| {
+        for work in [Work::EpBf16, Work::EpFp8, Work::Layer] {
+            let name = format!("procs.r{n}.{}", work.name());
+            failed += case.run(&name, n, work, DEADLINE_MS, &every_rank(n), |o| {
                 match o.iter().find(|o| !o.ok()) {
                     Some(o) => Err(o.last_line()),
                     None => Ok(format!("{n} processes; {}", o[0].last_line())),
@@ -187,9 +201,9 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     // Rank 1 never starts: rank 0 gives up on the handle exchange.
     failed += case.run(
-        "ep.procs.r2.peer_never_starts",
+        "procs.r2.ep.peer_never_starts",
         2,
-        Dtype::Bf16,
+        Work::EpBf16,
         SHORT_DEADLINE_MS,
         &every_rank(1),
         |o| expect_named_failure(&o[0], "rank 1 did not arrive"),
@@ -205,14 +219,16 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             idle: true,
         },
     ];
-    failed += case.run(
-        "ep.procs.r2.peer_never_calls",
-        2,
-        Dtype::Bf16,
-        SHORT_DEADLINE_MS,
-        &procs,
-        |o| expect_named_failure(&o[0], "waiting for rank 1"),
-    );
+    for work in [Work::EpBf16, Work::Layer] {
+        failed += case.run(
+            &format!("procs.r2.{}.peer_never_calls", work.name()),
+            2,
+            work,
+            SHORT_DEADLINE_MS,
+            &procs,
+            |o| expect_named_failure(&o[0], "waiting for rank 1"),
+        );
+    }
     if failed > 0 {
         return Err(format!("{failed} case(s) failed").into());
     }
@@ -249,13 +265,13 @@ impl Case {
         &self,
         name: &str,
         n: usize,
-        dtype: Dtype,
+        work: Work,
         deadline_ms: u64,
         procs: &[Proc],
         verdict: impl Fn(&[Outcome]) -> Result<String, String>,
     ) -> usize {
         let start = Instant::now();
-        let (result, logs) = match self.spawn(name, n, dtype, deadline_ms, procs) {
+        let (result, logs) = match self.spawn(name, n, work, deadline_ms, procs) {
             Ok(outcomes) => {
                 let logs: String = outcomes
                     .iter()
@@ -287,7 +303,7 @@ impl Case {
         &self,
         name: &str,
         n: usize,
-        dtype: Dtype,
+        work: Work,
         deadline_ms: u64,
         procs: &[Proc],
     ) -> Result<Vec<Outcome>, String> {
@@ -308,8 +324,8 @@ impl Case {
                 .args([
                     "--device",
                     &self.device.unwrap_or(p.rank % self.gpus).to_string(),
-                    "--dtype",
-                    dtype.name(),
+                    "--work",
+                    work.name(),
                 ])
                 .args(["--deadline-ms", &deadline_ms.to_string()])
                 .arg("--dir")

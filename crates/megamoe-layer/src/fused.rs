@@ -72,9 +72,9 @@ const ALL_WAITS: [&WaitNames; 3] = [&WAITS, &SIGNAL_WAITS, &megamoe_gemm::groupe
 /// A call whose inputs are on the device: what [`FusedLayer::launch`] runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FusedStaged {
-    /// T of every rank.
+    /// T of every local rank ([`FusedLayer::local_ranks`]).
     pub tokens: Vec<usize>,
-    /// Every rank's `num_tokens_bound` as the kernel checks it (equal unless a test injects a
+    /// Every local rank's `num_tokens_bound` as the kernel checks it (equal unless a test injects a
     /// mismatch).
     bounds: Vec<usize>,
     bf16: Vec<bool>,
@@ -499,9 +499,11 @@ impl FusedLayer {
         })
     }
 
-    /// The forward pass: one bf16 `[T, H]` output per rank. Every input is checked before
+    /// The forward pass: one input and one bf16 `[T, H]` output per local rank
+    /// ([`Self::local_ranks`]: every rank, or this process's one). Every input is checked before
     /// anything is written; a bad one is an error naming the rank and the argument.
-    /// `num_tokens_bound`, when given, must be at least every rank's T and at most T_max; a
+    /// `num_tokens_bound`, when given, must be at least every rank's T and at most T_max (the
+    /// kernel checks the ranks of other processes, and every rank rejects a mismatch); a
     /// smaller bound runs the call in the order (and ring) of that bound.
     pub fn forward(
         &mut self,
@@ -531,7 +533,7 @@ impl FusedLayer {
         &self.expert_counts
     }
 
-    /// Checks every rank's inputs, then uploads them.
+    /// Checks every local rank's input, then uploads them.
     pub fn stage(
         &mut self,
         inputs: &[RankInput],
@@ -621,7 +623,7 @@ impl FusedLayer {
         Ok(())
     }
 
-    /// Queues a staged call on every rank's stream (no host synchronization; errors of the
+    /// Queues a staged call on every local rank's stream (no host synchronization; errors of the
     /// device side are reported by [`Self::finish`]).
     pub fn launch(&mut self, staged: &FusedStaged) -> Result<()> {
         self.launch_ranks(staged, &vec![true; self.ranks.len()])
@@ -672,7 +674,7 @@ impl FusedLayer {
         Ok(())
     }
 
-    /// Waits for every rank and reports the first failure of the calls since the last finish:
+    /// Waits for every local rank and reports the first failure of the calls since the last finish:
     /// a device wait past its deadline (naming the rank and the wait; the layer must then be
     /// rebuilt) or a call every rank rejected (a bound mismatch; the layer stays usable).
     pub fn finish(&mut self) -> Result<()> {
@@ -711,7 +713,7 @@ impl FusedLayer {
         }
     }
 
-    /// Every rank's expired wait, if any (after a failed [`Self::finish`]).
+    /// Every local rank's expired wait, if any (after a failed [`Self::finish`]).
     pub(crate) fn expired_waits(&self) -> Result<Vec<Option<megamoe_cuda::Error>>> {
         let mut out = Vec::new();
         for rank in self.world.ranks() {
@@ -756,7 +758,7 @@ impl FusedLayer {
         (&self.local(rank).y, 0)
     }
 
-    /// Every rank's staged inputs as bytes: the input rows and scales, the routing, the bf16
+    /// Every local rank's staged inputs as bytes: the input rows and scales, the routing, the bf16
     /// staging (the selftest's "nothing written before validation" check).
     pub(crate) fn input_bytes(&self) -> Result<Vec<u8>> {
         let off = |name| region(&self.layout, name) as usize;
@@ -801,8 +803,8 @@ impl FusedLayer {
         Ok(trace_report(&words, ctas, per_cta))
     }
 
-    /// Records one staged call (quantizer and kernel) on every rank's stream as a CUDA graph
-    /// per rank. A replay runs the call on whatever inputs were staged since, which must have
+    /// Records one staged call (quantizer and kernel) on every local rank's stream as a CUDA
+    /// graph per rank. A replay runs the call on whatever inputs were staged since, which must have
     /// the same T per rank and the same bound as `staged`.
     pub fn capture(&mut self, staged: &FusedStaged) -> Result<FusedGraph> {
         self.check_usable()?;
@@ -825,7 +827,7 @@ impl FusedLayer {
         })
     }
 
-    /// Replays `graph` on every rank's stream (checked afterwards by [`Self::finish`]).
+    /// Replays `graph` on every local rank's stream (checked afterwards by [`Self::finish`]).
     pub fn replay(&mut self, graph: &FusedGraph, staged: &FusedStaged) -> Result<()> {
         self.check_usable()?;
         if staged.tokens != graph.staged.tokens || staged.bounds != graph.staged.bounds {

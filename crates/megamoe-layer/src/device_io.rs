@@ -112,16 +112,18 @@ struct HostRouting {
 }
 
 impl MoeLayer {
-    /// The forward pass on device tensors (module comment): one call of every rank, each
-    /// rank's output written to its `y`. `streams[r]` is the caller's stream on rank r's GPU (0:
+    /// The forward pass on device tensors (module comment): one call of every local rank
+    /// ([`Self::local_ranks`]: every rank, or this process's one), each rank's output written
+    /// to its `y`. `tensors` and `streams` have one entry per local rank: entry i is rank
+    /// `local_ranks().start + i`, and `streams[i]` the caller's stream on that rank's GPU (0:
     /// the legacy default stream). Every input is checked before anything is written; a bad
-    /// one is an error naming the rank and the argument.
+    /// one is an error naming the rank (its global number) and the argument.
     ///
     /// # Safety
-    /// Every address of `tensors[r]` must be memory of rank r's GPU (or one it can access)
-    /// holding what [`DeviceRankTensors`] says for `x.tokens()` tokens, allocated until this
-    /// returns, and `y` used by nothing else meanwhile; `streams[r]` must be a live stream of
-    /// the primary context of rank r's GPU, or 0.
+    /// Every address of `tensors[i]` must be memory of local rank i's GPU (or one it can
+    /// access) holding what [`DeviceRankTensors`] says for `x.tokens()` tokens, allocated until
+    /// this returns, and `y` used by nothing else meanwhile; `streams[i]` must be a live stream
+    /// of the primary context of that rank's GPU, or 0.
     pub unsafe fn forward_device(
         &mut self,
         tensors: &[DeviceRankTensors],
@@ -129,19 +131,20 @@ impl MoeLayer {
         streams: &[u64],
     ) -> Result<()> {
         let spec = *self.spec();
+        let local = self.local_ranks();
         for (arg, got) in [("inputs", tensors.len()), ("streams", streams.len())] {
-            if got != spec.ranks {
+            if got != local.len() {
                 return Err(Error::Length {
                     arg,
                     got,
-                    expected: spec.ranks,
+                    expected: local.len(),
                 }
                 .into());
             }
         }
         let k = spec.shape.topk;
-        let mut routing = Vec::with_capacity(spec.ranks);
-        for (r, (t, &stream)) in tensors.iter().zip(streams).enumerate() {
+        let mut routing = Vec::with_capacity(local.len());
+        for (r, (t, &stream)) in local.clone().zip(tensors.iter().zip(streams)) {
             let gpu = self.gpu(r);
             gpu.wait_for(stream)?;
             let slots = t.x.tokens() * k;
@@ -177,8 +180,8 @@ impl MoeLayer {
             })
             .collect();
         let tokens = self.run(&inputs, num_tokens_bound)?;
-        for (r, t) in tensors.iter().enumerate() {
-            let bytes = tokens[r] * spec.shape.hidden * 2;
+        for ((r, t), tokens) in local.zip(tensors).zip(tokens) {
+            let bytes = tokens * spec.shape.hidden * 2;
             let (buf, offset) = self.output(r);
             let src = buf.ptr_at(offset, bytes)?;
             // SAFETY: the caller's contract on `y`; the source lies inside the buffer.

@@ -1,12 +1,14 @@
 //! The layer API: either form behind one type, chosen by [`LayerSpec::kind`] (fused by
 //! default).
 
+use std::ops::Range;
+
 use half::bf16;
 use megamoe_core::weights::RankWeightsFp8;
-use megamoe_cuda::DeviceBuffer;
+use megamoe_cuda::{AllGather, DeviceBuffer};
 
 use crate::error::Result;
-use crate::fused::FusedLayer;
+use crate::fused::{FusedLayer, FusedOptions};
 use crate::spec::{Kind, LayerSpec};
 use crate::split::{RankInput, SplitLayer};
 
@@ -28,6 +30,25 @@ impl MoeLayer {
         })
     }
 
+    /// Rank `rank` of a world of `spec.ranks` processes (one rank each, as under torchrun), on
+    /// GPU `device`: the fused kind only ([`FusedLayer::for_rank`] with the default options; the
+    /// split kind is an error naming `kind`, returned before anything else is done). Every
+    /// process builds its rank with the same `spec`, and the symmetric buffers' handles go
+    /// through `exchange`, which every process calls in the same order. `weights(rank)` is
+    /// asked for this rank only; calls take and return this rank's tensors alone.
+    pub fn for_rank(
+        spec: LayerSpec,
+        weights: impl Fn(usize) -> megamoe_core::Result<RankWeightsFp8>,
+        rank: usize,
+        device: usize,
+        exchange: Box<dyn AllGather>,
+    ) -> Result<MoeLayer> {
+        spec.check_one_rank_per_process()?;
+        let options = FusedOptions::default();
+        let layer = FusedLayer::for_rank(spec, weights, options, rank, device, exchange)?;
+        Ok(MoeLayer::Fused(Box::new(layer)))
+    }
+
     pub fn spec(&self) -> &LayerSpec {
         match self {
             MoeLayer::Split(l) => &l.spec,
@@ -35,8 +56,17 @@ impl MoeLayer {
         }
     }
 
-    /// The forward pass: one bf16 `[T, H]` output per rank; every input is checked before
-    /// anything is written.
+    /// The ranks this process holds, in the order of the calls' per-rank inputs and outputs:
+    /// every rank (`0..spec.ranks`), or this process's one ([`Self::for_rank`]).
+    pub fn local_ranks(&self) -> Range<usize> {
+        match self {
+            MoeLayer::Split(l) => 0..l.spec.ranks,
+            MoeLayer::Fused(l) => l.local_ranks(),
+        }
+    }
+
+    /// The forward pass: one bf16 `[T, H]` output per local rank ([`Self::local_ranks`]);
+    /// every input is checked before anything is written.
     pub fn forward(
         &mut self,
         inputs: &[RankInput],
@@ -49,7 +79,7 @@ impl MoeLayer {
     }
 
     /// [`Self::forward`] up to the outputs, which stay on the device ([`Self::output`]);
-    /// returns every rank's T.
+    /// returns every local rank's T.
     pub(crate) fn run(
         &mut self,
         inputs: &[RankInput],
@@ -61,8 +91,8 @@ impl MoeLayer {
         })
     }
 
-    /// Where rank `rank`'s output of the last call is: bf16 `[T, H]` from a byte offset of a
-    /// buffer of its GPU.
+    /// Where local rank `rank`'s (its global number) output of the last call is: bf16 `[T, H]`
+    /// from a byte offset of a buffer of its GPU.
     pub(crate) fn output(&self, rank: usize) -> (&DeviceBuffer, usize) {
         match self {
             MoeLayer::Split(l) => l.output(rank),
@@ -70,7 +100,7 @@ impl MoeLayer {
         }
     }
 
-    /// The GPU handle of rank `rank` (its device and stream).
+    /// The GPU handle of rank `rank` (its device and stream), a local rank by its global number.
     pub fn gpu(&self, rank: usize) -> &megamoe_cuda::Gpu {
         match self {
             MoeLayer::Split(l) => l.gpu(rank),
@@ -100,5 +130,34 @@ impl MoeLayer {
             MoeLayer::Split(l) => l.input_bytes(),
             MoeLayer::Fused(l) => l.input_bytes(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Unreachable;
+
+    impl AllGather for Unreachable {
+        fn all_gather(&mut self, _: &[u8]) -> megamoe_cuda::Result<Vec<Vec<u8>>> {
+            panic!("the split kind should have been rejected before any exchange")
+        }
+    }
+
+    #[test]
+    fn one_rank_per_process_of_the_split_kind_is_rejected_naming_kind() {
+        let shape = megamoe_core::Preset::by_name("tiny").unwrap().shape;
+        let spec = LayerSpec {
+            kind: Kind::Split,
+            ..LayerSpec::new(shape, 2, 64)
+        };
+        let no_weights = |_| unreachable!("no weights are read for a rejected kind");
+        let err = MoeLayer::for_rank(spec, no_weights, 0, 0, Box::new(Unreachable))
+            .err()
+            .expect("the split kind is rejected")
+            .to_string();
+        assert!(err.contains("`kind` = split is invalid"), "{err}");
+        assert!(err.contains("fused kind only"), "{err}");
     }
 }

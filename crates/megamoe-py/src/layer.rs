@@ -3,9 +3,16 @@
 //! the forward pass on device tensors ([`MoeLayer::forward_device`]). Python checks each
 //! tensor's dtype, shape, device and layout and passes its address; this file checks what
 //! the values must satisfy, through megamoe-layer.
+//!
+//! A layer holds every rank of its world ([`GpuLayer::new`]), or one rank of a world of one
+//! process per rank ([`GpuLayer::for_rank`], the fused kind, as torchrun launches them): its
+//! weights are then this rank's experts alone, and its calls take this rank's tensors alone.
+
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
 
 use megamoe_core::weights::RankWeightsFp8;
-use megamoe_cuda::Gpu;
+use megamoe_cuda::{AllGather, Gpu};
 use megamoe_layer::{DeviceRankTensors, LayerSpec, MoeLayer};
 
 use crate::api::{count, require_gpu, LayerArgs};
@@ -15,12 +22,43 @@ use crate::error::{Error, Result};
 /// uploaded when the layer is built).
 pub struct GpuLayer {
     pub spec: LayerSpec,
+    /// This process's rank where it holds one ([`Self::for_rank`]); None: every rank.
+    own: Option<OwnRank>,
     layer: Option<MoeLayer>,
 }
 
-/// Device addresses of the weights of all E experts in the SPEC §2 layouts: W1 e4m3 `[E, 2I,
-/// H]`, S1 f32 `[E, 2I/128, H/128]`, W2 e4m3 `[E, H, I]`, S2 f32 `[E, H/128, I/128]`; rank r
-/// takes experts r·E_l … (r+1)·E_l − 1.
+/// The one rank of a layer with one process per rank: its number, its CUDA device, and the
+/// exchange of the symmetric buffers' handles, called each time the layer is built (every
+/// `load_weights`).
+struct OwnRank {
+    rank: usize,
+    device: usize,
+    exchange: Arc<Mutex<Box<dyn AllGather>>>,
+}
+
+/// One use of an [`OwnRank`]'s exchange, for one build of the layer.
+struct SharedExchange {
+    rank: usize,
+    exchange: Arc<Mutex<Box<dyn AllGather>>>,
+}
+
+impl AllGather for SharedExchange {
+    fn all_gather(&mut self, mine: &[u8]) -> megamoe_cuda::Result<Vec<Vec<u8>>> {
+        let mut exchange = self
+            .exchange
+            .lock()
+            .map_err(|_| megamoe_cuda::Error::Exchange {
+                rank: self.rank,
+                reason: "an earlier exchange of this layer panicked".into(),
+            })?;
+        exchange.all_gather(mine)
+    }
+}
+
+/// Device addresses of the weights of the layer's local experts in the SPEC §2 layouts, E_x
+/// experts from the first local rank's first: W1 e4m3 `[E_x, 2I, H]`, S1 f32 `[E_x, 2I/128,
+/// H/128]`, W2 e4m3 `[E_x, H, I]`, S2 f32 `[E_x, H/128, I/128]`. A layer of every rank takes
+/// all E (rank r experts r·E_l … (r+1)·E_l − 1), one of a single rank its E_l alone.
 #[derive(Clone, Copy, Debug)]
 pub struct WeightTensors {
     pub w1: u64,
@@ -34,31 +72,101 @@ impl GpuLayer {
     pub fn new(args: &LayerArgs) -> Result<GpuLayer> {
         let spec = args.spec()?;
         require_gpu()?;
-        Ok(GpuLayer { spec, layer: None })
+        Ok(GpuLayer {
+            spec,
+            own: None,
+            layer: None,
+        })
     }
 
-    /// The CUDA device rank `rank` runs on (ranks go round the visible GPUs).
+    /// The checked spec, rank and device of [`Self::for_rank`], touching no GPU: the spec's
+    /// rules, the fused kind (`kind`), `rank` below `num_ranks`, `device` not negative.
+    pub fn rank_config(
+        args: &LayerArgs,
+        rank: i64,
+        device: i64,
+    ) -> Result<(LayerSpec, usize, usize)> {
+        let spec = args.spec()?;
+        spec.check_one_rank_per_process()?;
+        let rank = count("rank", rank)?;
+        if rank >= spec.ranks {
+            return Err(Error::Value(format!(
+                "rank: {rank} is not below num_ranks = {}",
+                spec.ranks
+            )));
+        }
+        Ok((spec, rank, count("device", device)?))
+    }
+
+    /// Rank `rank` of a world of `spec.ranks` processes (one rank each), on CUDA device
+    /// `device` (checked by [`Self::rank_config`]). Nothing is allocated and `exchange` is not
+    /// called until the weights are loaded; a device past the visible ones is a `ValueError`.
+    pub fn for_rank(
+        spec: LayerSpec,
+        rank: usize,
+        device: usize,
+        exchange: Box<dyn AllGather>,
+    ) -> Result<GpuLayer> {
+        let gpus = require_gpu()?;
+        if device >= gpus {
+            return Err(Error::Value(format!(
+                "device: {device} is not below the {gpus} visible CUDA devices"
+            )));
+        }
+        Ok(GpuLayer {
+            spec,
+            own: Some(OwnRank {
+                rank,
+                device,
+                exchange: Arc::new(Mutex::new(exchange)),
+            }),
+            layer: None,
+        })
+    }
+
+    /// The ranks this layer holds, in the order of its calls' per-rank tensors: every rank, or
+    /// this process's one.
+    pub fn local_ranks(&self) -> Range<usize> {
+        match &self.own {
+            Some(own) => own.rank..own.rank + 1,
+            None => 0..self.spec.ranks,
+        }
+    }
+
+    /// The CUDA device rank `rank` runs on (ranks go round the visible GPUs; a process's own
+    /// rank is on the device it was built for).
     pub fn rank_device(&self, rank: usize) -> Result<usize> {
-        if rank >= self.spec.ranks {
+        if let Some(own) = &self.own {
+            if rank != own.rank {
+                return Err(Error::Value(format!(
+                    "rank: {rank} is not the rank of this process ({})",
+                    own.rank
+                )));
+            }
+        } else if rank >= self.spec.ranks {
             return Err(Error::Value(format!(
                 "rank: {rank} is not below num_ranks {}",
                 self.spec.ranks
             )));
         }
-        Ok(match &self.layer {
-            Some(layer) => layer.gpu(rank).ordinal(),
-            None => rank % require_gpu()?,
+        Ok(match (&self.layer, &self.own) {
+            (Some(layer), _) => layer.gpu(rank).ordinal(),
+            (None, Some(own)) => own.device,
+            (None, None) => rank % require_gpu()?,
         })
     }
 
-    /// Reads every rank's experts from `w` on device `device` (after the work queued on
+    /// Reads the local ranks' experts from `w` on device `device` (after the work queued on
     /// `stream`, that device's stream) and builds the layer with them, replacing any earlier
     /// one. The bytes pass through the host: the load is a one-time re-layout (W1's gate and
-    /// up blocks interleaved, megamoe-layer's weights.rs).
+    /// up blocks interleaved, megamoe-layer's weights.rs). A layer of one rank per process
+    /// exchanges its symmetric buffers' handles here: every process of the world loads its
+    /// weights, in the same order.
     ///
     /// # Safety
-    /// The addresses must hold the four tensors of [`WeightTensors`] for this layer's shape, on
-    /// device `device`; `stream` a live stream of that device's primary context, or 0.
+    /// The addresses must hold the four tensors of [`WeightTensors`] for this layer's shape and
+    /// local ranks, on device `device`; `stream` a live stream of that device's primary
+    /// context, or 0.
     pub unsafe fn load_weights(
         &mut self,
         w: &WeightTensors,
@@ -71,8 +179,9 @@ impl GpuLayer {
         let gpu = Gpu::new(device)?;
         gpu.wait_for(stream)?;
         let blocks = |rows: usize, cols: usize| rows / 128 * (cols / 128);
-        let mut ranks = Vec::with_capacity(s.ranks);
-        for r in 0..s.ranks {
+        let local = self.local_ranks();
+        let mut ranks = Vec::with_capacity(local.len());
+        for r in 0..local.len() {
             let (w1, s1) = (el * 2 * i * h, el * blocks(2 * i, h));
             let (w2, s2) = (el * h * i, el * blocks(h, i));
             let mut rank = RankWeightsFp8 {
@@ -82,7 +191,7 @@ impl GpuLayer {
                 s2: vec![0.0; s2],
             };
             let at = |base: u64, len: usize, item: usize| base + (r * len * item) as u64;
-            // SAFETY: the caller's contract: rank r's experts lie inside each tensor.
+            // SAFETY: the caller's contract: local rank r's experts lie inside each tensor.
             unsafe {
                 gpu.read_address(at(w.w1, w1, 1), &mut rank.w1)?;
                 gpu.read_address(at(w.w1_scales, s1, 4), &mut rank.s1)?;
@@ -93,11 +202,22 @@ impl GpuLayer {
         }
         // Drop the old layer first: its buffers count against the same GPU memory.
         self.layer = None;
-        self.layer = Some(MoeLayer::new(*s, |r| Ok(ranks[r].clone()))?);
+        let first = local.start;
+        let weights = |r: usize| Ok(ranks[r - first].clone());
+        self.layer = Some(match &self.own {
+            None => MoeLayer::new(*s, weights)?,
+            Some(own) => {
+                let exchange = Box::new(SharedExchange {
+                    rank: own.rank,
+                    exchange: Arc::clone(&own.exchange),
+                });
+                MoeLayer::for_rank(*s, weights, own.rank, own.device, exchange)?
+            }
+        });
         Ok(())
     }
 
-    /// One call of every rank (see [`MoeLayer::forward_device`]).
+    /// One call of every local rank (see [`MoeLayer::forward_device`]).
     ///
     /// # Safety
     /// That of [`MoeLayer::forward_device`].
@@ -130,6 +250,7 @@ pub(crate) mod bindings {
 
     use super::{GpuLayer, WeightTensors};
     use crate::api::LayerArgs;
+    use crate::ep::py::PyAllGather;
     use crate::error::Error;
 
     /// One rank's tensors as python/megamoe/layer.py passes them: (tokens, x, x_scales or
@@ -183,6 +304,54 @@ pub(crate) mod bindings {
             Ok(Layer(Mutex::new(layer)))
         }
 
+        /// Rank `rank` of a world of `num_ranks` processes (one rank each, the fused kind), on
+        /// CUDA device `device`; `all_gather(bytes) -> list[bytes]` swaps the symmetric
+        /// buffers' handles when the weights are loaded, and is called by every process in the
+        /// same order. The other arguments are `Layer`'s. Arguments are checked (ValueError
+        /// naming the argument) before any GPU is touched or `all_gather` called.
+        #[staticmethod]
+        #[pyo3(signature = (
+            rank, device, all_gather, num_ranks, num_experts, num_max_tokens_per_rank, num_topk,
+            hidden, intermediate_hidden, kind = "fused", group = None, clamp = None
+        ))]
+        #[allow(clippy::too_many_arguments)] // Layer's arguments and the process's rank.
+        fn for_rank(
+            rank: i64,
+            device: i64,
+            all_gather: &Bound<'_, PyAny>,
+            num_ranks: i64,
+            num_experts: i64,
+            num_max_tokens_per_rank: i64,
+            num_topk: i64,
+            hidden: i64,
+            intermediate_hidden: i64,
+            kind: &str,
+            group: Option<i64>,
+            clamp: Option<f64>,
+        ) -> PyResult<Layer> {
+            let args = LayerArgs {
+                num_ranks,
+                num_experts,
+                num_max_tokens_per_rank,
+                num_topk,
+                hidden,
+                intermediate_hidden,
+                kind,
+                group,
+                clamp,
+            };
+            let (spec, rank, device) = GpuLayer::rank_config(&args, rank, device)?;
+            let exchange = PyAllGather::new(all_gather, rank)?;
+            let layer = GpuLayer::for_rank(spec, rank, device, exchange)?;
+            Ok(Layer(Mutex::new(layer)))
+        }
+
+        /// The ranks this layer holds, in the order of `forward`'s per-rank tuples: every
+        /// rank, or this process's one.
+        fn local_ranks(&self) -> PyResult<Vec<usize>> {
+            self.with(|l| Ok(l.local_ranks().collect()))
+        }
+
         /// (num_ranks, num_experts, num_max_tokens_per_rank, num_topk, hidden,
         /// intermediate_hidden, kind, group, clamp) as the layer was built.
         #[allow(clippy::type_complexity)]
@@ -219,8 +388,8 @@ pub(crate) mod bindings {
             self.with(|l| l.rank_device(rank))
         }
 
-        /// Addresses of the four weight tensors on CUDA device `device`, and that device's
-        /// current stream.
+        /// Addresses of the four weight tensors (the local ranks' experts) on CUDA device
+        /// `device`, and that device's current stream.
         #[allow(clippy::too_many_arguments)]
         fn load_weights(
             &self,
@@ -243,8 +412,8 @@ pub(crate) mod bindings {
             py.detach(|| self.with(|l| unsafe { l.load_weights(&w, device, stream) }))
         }
 
-        /// One call: one tuple per rank (see `RankTensors`), and each rank's device's current
-        /// stream.
+        /// One call: one tuple per local rank (see `RankTensors`), and each rank's device's
+        /// current stream.
         #[pyo3(signature = (ranks, num_tokens_bound, streams))]
         fn forward(
             &self,
@@ -308,6 +477,49 @@ mod tests {
             ..tiny("fused")
         };
         assert!(matches!(GpuLayer::new(&bad), Err(Error::Value(m)) if m.contains("hidden")));
+    }
+
+    #[test]
+    fn a_process_ranks_arguments_are_value_errors_before_any_gpu_is_touched() {
+        let args = tiny("fused");
+        assert_eq!(GpuLayer::rank_config(&args, 1, 0).unwrap().1, 1);
+        let value = |a: &LayerArgs, rank, device| match GpuLayer::rank_config(a, rank, device) {
+            Err(Error::Value(m)) => m,
+            other => panic!("{:?}", other.map(|c| c.0)),
+        };
+        assert_eq!(value(&args, 2, 0), "rank: 2 is not below num_ranks = 2");
+        assert!(value(&args, -1, 0).starts_with("rank: "));
+        assert!(value(&args, 0, -1).starts_with("device: "));
+        let split = value(&tiny("split"), 0, 0);
+        assert!(
+            split.contains("`kind` = split") && split.contains("fused kind only"),
+            "{split}"
+        );
+        let hidden = LayerArgs {
+            hidden: 100,
+            ..tiny("fused")
+        };
+        assert!(value(&hidden, 0, 0).contains("hidden"));
+    }
+
+    struct Unreachable;
+
+    impl AllGather for Unreachable {
+        fn all_gather(&mut self, _: &[u8]) -> megamoe_cuda::Result<Vec<Vec<u8>>> {
+            panic!("nothing is exchanged before the weights are loaded")
+        }
+    }
+
+    #[test]
+    fn without_a_gpu_a_process_rank_says_what_is_missing_before_any_exchange() {
+        if gpus().is_ok() {
+            return; // the GPU tests cover this machine
+        }
+        let (spec, rank, device) = GpuLayer::rank_config(&tiny("fused"), 1, 0).unwrap();
+        match GpuLayer::for_rank(spec, rank, device, Box::new(Unreachable)) {
+            Err(Error::Runtime(m)) => assert!(m.contains("needs a CUDA GPU"), "{m}"),
+            other => panic!("{:?}", other.map(|l| l.spec)),
+        }
     }
 
     #[test]

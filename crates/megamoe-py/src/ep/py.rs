@@ -61,11 +61,26 @@ fn optional(arg: &str, list: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<TensorAr
 
 /// The exchange of a one-rank-per-process world: a Python callable taking this process's bytes
 /// and returning every rank's, in rank order (torch.distributed's all_gather_object in
-/// python/megamoe/ep.py). What it raises, or a result of another kind, fails the exchange
-/// naming this rank.
-struct PyAllGather {
+/// python/megamoe/ep.py and layer.py). What it raises, or a result of another kind, fails the
+/// exchange naming this rank.
+pub(crate) struct PyAllGather {
     call: Py<PyAny>,
     rank: usize,
+}
+
+impl PyAllGather {
+    /// The exchange of rank `rank` through `all_gather`, or a ValueError naming `all_gather`
+    /// when it is not callable (nothing is called here).
+    pub(crate) fn new(all_gather: &Bound<'_, PyAny>, rank: usize) -> PyResult<Box<PyAllGather>> {
+        if !all_gather.is_callable() {
+            let ty = type_name(all_gather);
+            return Err(Error::Value(format!("all_gather: expected a callable, got {ty}")).into());
+        }
+        Ok(Box::new(PyAllGather {
+            call: all_gather.clone().unbind(),
+            rank,
+        }))
+    }
 }
 
 impl AllGather for PyAllGather {
@@ -187,14 +202,7 @@ impl PyWorld {
             deadline_ms,
         };
         let (config, rank, device) = World::rank_config(&args, rank, device)?;
-        if !all_gather.is_callable() {
-            let ty = type_name(all_gather);
-            return Err(Error::Value(format!("all_gather: expected a callable, got {ty}")).into());
-        }
-        let exchange = Box::new(PyAllGather {
-            call: all_gather.clone().unbind(),
-            rank,
-        });
+        let exchange = PyAllGather::new(all_gather, rank)?;
         let world = py.detach(|| World::for_rank(config, rank, device, exchange))?;
         Ok(PyWorld { world })
     }

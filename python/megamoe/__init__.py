@@ -3,7 +3,8 @@
 Without a GPU: the size query (``get_symm_buffer_size``), the presets, the GPU probe
 (``gpu_available``, ``info``), the CPU reference of the layer on a generated batch
 (``reference_forward``). On a GPU, with PyTorch tensors: the layer (``MoELayer``, built by
-``get_symm_buffer_for_mega_moe``) and the FP8 grouped GEMM (``grouped_gemm_fp8_contiguous``,
+``get_symm_buffer_for_mega_moe``; one process per rank under torchrun:
+``MoELayer.for_process_group``) and the FP8 grouped GEMM (``grouped_gemm_fp8_contiguous``,
 ``grouped_gemm_fp8_masked``); ``megamoe.torch_reference`` is SPEC §3 in plain PyTorch;
 ``megamoe.ep`` (needs torch) has dispatch/combine with autograd, every rank in one process or
 one process per rank (torchrun: ``ep.Buffer.for_process_group``), and the symmetric memory of

@@ -12,7 +12,12 @@
 //!   e4m3 input, every input checked before anything is written, the cumulative per-expert
 //!   received-row counts.
 //! - [`MoeLayer::forward_device`] ([`device_io`]): the forward pass on tensors already on the
-//!   GPU (a framework's), by device address, after the caller's stream.
+//!   GPU (a framework's), by device address, after the caller's stream, one entry per local
+//!   rank.
+//! - One process per rank (torchrun): [`MoeLayer::for_rank`] (the fused kind,
+//!   [`FusedLayer::for_rank`]) builds this process's rank, the symmetric buffers' handles
+//!   exchanged through a caller-given `megamoe_cuda::AllGather`; calls take and return this
+//!   rank's tensors ([`MoeLayer::local_ranks`]).
 //! - Virtual ranks (more ranks than GPUs) are safe for the kernels that wait on each other:
 //!   dispatch and combine of every rank on a GPU are sized to be resident at once (at most the
 //!   GPU's SMs over its ranks, one block per SM each), and the GEMMs wait on nobody

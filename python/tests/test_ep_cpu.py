@@ -8,6 +8,8 @@ import pytest
 import megamoe
 from megamoe import _megamoe
 
+from _exchange import Gather
+
 SMALL = dict(num_ranks=2, num_experts=64, num_topk=6, hidden=512, num_max_tokens_per_rank=128)
 
 
@@ -36,17 +38,6 @@ def test_bad_arguments_are_value_errors_naming_them(bad, name):
 def test_without_a_gpu_the_world_says_what_is_missing():
     with pytest.raises(RuntimeError, match="GPU|libcuda|CUDA"):
         world()
-
-
-class Gather:
-    """An all_gather that records its calls (the exchange of one process per rank)."""
-
-    def __init__(self):
-        self.calls = 0
-
-    def __call__(self, mine):
-        self.calls += 1
-        return [mine, mine]
 
 
 def rank_world(gather, **kw):

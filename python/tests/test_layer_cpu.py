@@ -14,20 +14,11 @@ import pytest
 import megamoe
 from megamoe import _megamoe
 
+from _exchange import Gather
+
 # The tiny preset on 2 ranks.
 TINY = dict(num_ranks=2, num_experts=16, num_max_tokens_per_rank=64, num_topk=4, hidden=256,
             intermediate_hidden=128)
-
-
-class Gather:
-    """An all_gather that records its calls (the exchange of one process per rank)."""
-
-    def __init__(self):
-        self.calls = 0
-
-    def __call__(self, mine):
-        self.calls += 1
-        return [mine, mine]
 
 
 def rank_layer(gather, **kw):

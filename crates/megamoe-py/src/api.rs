@@ -31,6 +31,18 @@ pub(crate) fn count(arg: &str, v: i64) -> Result<usize> {
     usize::try_from(v).map_err(|_| Error::Value(format!("{arg}: {v} must not be negative")))
 }
 
+/// A process's `rank` (below `ranks`) and CUDA `device` (not negative) of a world of one process
+/// per rank, checked before any GPU is touched.
+pub(crate) fn process_rank(rank: i64, device: i64, ranks: usize) -> Result<(usize, usize)> {
+    let rank = count("rank", rank)?;
+    if rank >= ranks {
+        return Err(Error::Value(format!(
+            "rank: {rank} is not below num_ranks = {ranks}"
+        )));
+    }
+    Ok((rank, count("device", device)?))
+}
+
 impl LayerArgs<'_> {
     /// The checked spec: every rule `MoeLayer::new` checks before it touches a GPU.
     pub fn spec(&self) -> Result<LayerSpec> {

@@ -15,7 +15,7 @@ use megamoe_core::weights::RankWeightsFp8;
 use megamoe_cuda::{AllGather, Gpu};
 use megamoe_layer::{DeviceRankTensors, LayerSpec, MoeLayer};
 
-use crate::api::{count, require_gpu, LayerArgs};
+use crate::api::{count, process_rank, require_gpu, LayerArgs};
 use crate::error::{Error, Result};
 
 /// A layer of `spec`; its buffers and kernels exist once its weights are loaded (they are
@@ -88,14 +88,8 @@ impl GpuLayer {
     ) -> Result<(LayerSpec, usize, usize)> {
         let spec = args.spec()?;
         spec.check_one_rank_per_process()?;
-        let rank = count("rank", rank)?;
-        if rank >= spec.ranks {
-            return Err(Error::Value(format!(
-                "rank: {rank} is not below num_ranks = {}",
-                spec.ranks
-            )));
-        }
-        Ok((spec, rank, count("device", device)?))
+        let (rank, device) = process_rank(rank, device, spec.ranks)?;
+        Ok((spec, rank, device))
     }
 
     /// Rank `rank` of a world of `spec.ranks` processes (one rank each), on CUDA device

@@ -20,7 +20,7 @@ use megamoe_ep::{
     BufferSpec, CombineOrder, EpConfig, EpError, EpWorld, Handle, RowDtype, SyncMode,
 };
 
-use crate::api::count;
+use crate::api::{count, process_rank};
 use crate::error::{Error, Result};
 use tensor::{per_rank, TensorArg, BF16, F32, FP8, I32};
 
@@ -172,14 +172,8 @@ impl World {
         device: i64,
     ) -> Result<(EpConfig, usize, usize)> {
         let config = args.config()?;
-        let rank = count("rank", rank)?;
-        if rank >= config.spec.ranks {
-            return Err(Error::Value(format!(
-                "rank: {rank} is not below num_ranks = {}",
-                config.spec.ranks
-            )));
-        }
-        Ok((config, rank, count("device", device)?))
+        let (rank, device) = process_rank(rank, device, config.spec.ranks)?;
+        Ok((config, rank, device))
     }
 
     fn with(ep: EpWorld) -> World {

@@ -926,10 +926,11 @@ fn describe(rec: ErrorRecord) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    struct Unreachable;
+    /// An exchange for tests whose arguments must be rejected before any exchange.
+    pub(crate) struct Unreachable;
 
     impl AllGather for Unreachable {
         fn all_gather(&mut self, _: &[u8]) -> megamoe_cuda::Result<Vec<Vec<u8>>> {

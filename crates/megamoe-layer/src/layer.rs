@@ -136,14 +136,7 @@ impl MoeLayer {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    struct Unreachable;
-
-    impl AllGather for Unreachable {
-        fn all_gather(&mut self, _: &[u8]) -> megamoe_cuda::Result<Vec<Vec<u8>>> {
-            panic!("the split kind should have been rejected before any exchange")
-        }
-    }
+    use crate::fused::tests::Unreachable;
 
     #[test]
     fn one_rank_per_process_of_the_split_kind_is_rejected_naming_kind() {

@@ -8,7 +8,7 @@ import pytest
 import megamoe
 from megamoe import _megamoe
 
-from _exchange import Gather
+from _procs import Gather
 
 SMALL = dict(num_ranks=2, num_experts=64, num_topk=6, hidden=512, num_max_tokens_per_rank=128)
 

@@ -5,10 +5,8 @@ against PyTorch autograd of the same math; the MoE block example; the non-blocki
 captured CUDA graph; the CUDA IPC exchange between two processes. Skipped without torch or without a CUDA GPU."""
 
 import ctypes
-import os
 import pathlib
 import sys
-import tempfile
 
 import pytest
 
@@ -16,6 +14,7 @@ torch = pytest.importorskip("torch", reason="megamoe.ep needs torch")
 
 import megamoe  # noqa: E402
 from megamoe import ep  # noqa: E402
+from _procs import run_two_processes  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not (torch.cuda.is_available() and megamoe.gpu_available()), reason="no CUDA GPU"
@@ -257,19 +256,9 @@ def test_graph_mode_overflow_is_raised_by_the_next_sync():
     assert sum(d.handle.num_rows) == sum(sum(t) for t in d.tokens_per_expert)
 
 
-def _ipc_worker(rank, world_size, init_file):
-    import datetime
-
+def _ipc_worker(rank):
     import torch.distributed as dist
 
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{init_file}",
-        rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(seconds=60),
-    )
-    torch.cuda.set_device(0)
     mem = ep.SymmetricMemory(4096)
     peer = 1 - rank
     n = 256  # int32 values: 1 KiB
@@ -289,11 +278,7 @@ def _ipc_worker(rank, world_size, init_file):
     torch.cuda.synchronize()
     assert bool((seen == 100 + peer).all()), f"rank {rank} found {seen[:4].tolist()} written by rank {peer}"
     dist.barrier()
-    dist.destroy_process_group()
 
 
 def test_ipc_exchange_between_two_processes_on_one_gpu():
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory() as d:
-        mp.spawn(_ipc_worker, args=(2, os.path.join(d, "init")), nprocs=2, join=True)
+    run_two_processes(_ipc_worker)

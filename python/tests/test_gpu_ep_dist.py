@@ -4,11 +4,8 @@ dispatch / combine and both backwards, BF16 and FP8, both combine orders; each c
 results bit for bit against megamoe-core's CPU reference (python/examples/ep_torchrun.py's
 ``check``). And what a failing handle exchange says. Skipped without torch or without a CUDA GPU."""
 
-import datetime
-import os
 import pathlib
 import sys
-import tempfile
 
 import pytest
 
@@ -16,6 +13,7 @@ torch = pytest.importorskip("torch", reason="megamoe.ep needs torch")
 
 import megamoe  # noqa: E402
 from megamoe import _megamoe  # noqa: E402
+from _procs import run_two_processes  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not (torch.cuda.is_available() and megamoe.gpu_available()), reason="no CUDA GPU"
@@ -24,35 +22,21 @@ pytestmark = pytest.mark.skipif(
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 
 
-def _rank_worker(rank, world_size, init_file):
-    import torch.distributed as dist
-
+def _rank_worker(rank):
     sys.path.insert(0, str(EXAMPLES))
     import ep_torchrun
 
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{init_file}",
-        rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(seconds=60),
-    )
-    torch.cuda.set_device(0)
     for dtype in ("bf16", "fp8"):
         buffer = ep_torchrun.make_buffer(dtype)
-        assert buffer.ranks == [rank] and buffer.num_ranks == world_size
+        assert buffer.ranks == [rank] and buffer.num_ranks == 2
         for seed, order in enumerate(ep_torchrun.ep.ORDERS):
             results = ep_torchrun.check(buffer, order, seed)
             differ = {name: diff for name, (diff, same) in results.items() if not same}
             assert not differ, f"rank {rank} {dtype} {order}: bits differ (max abs diff) {differ}"
-    dist.destroy_process_group()
 
 
 def test_dispatch_and_combine_with_one_process_per_rank_bitwise_against_the_cpu_reference():
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory() as d:
-        mp.spawn(_rank_worker, args=(2, os.path.join(d, "init")), nprocs=2, join=True)
+    run_two_processes(_rank_worker)
 
 
 def _raise(_mine):

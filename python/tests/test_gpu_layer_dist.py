@@ -7,11 +7,8 @@ process, both ranks' inputs regenerated from the seeds, and within SPEC's 1e-4 o
 megamoe.torch_reference (python/examples/layer_torchrun.py's ``check``). Nothing crosses the
 processes but the layer's own handle exchange. Skipped without torch or without a CUDA GPU."""
 
-import datetime
-import os
 import pathlib
 import sys
-import tempfile
 
 import pytest
 
@@ -19,6 +16,7 @@ torch = pytest.importorskip("torch", reason="the GPU layer takes torch tensors")
 
 import megamoe  # noqa: E402
 from megamoe import _megamoe  # noqa: E402
+from _procs import run_two_processes  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not (torch.cuda.is_available() and megamoe.gpu_available()), reason="no CUDA GPU"
@@ -28,22 +26,12 @@ EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 MAX_DIFF = 1e-4
 
 
-def _rank_worker(rank, world_size, init_file):
-    import torch.distributed as dist
-
+def _rank_worker(rank):
     sys.path.insert(0, str(EXAMPLES))
     import layer_torchrun
 
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{init_file}",
-        rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(seconds=60),
-    )
-    torch.cuda.set_device(0)
     layer = layer_torchrun.make_layer()
-    assert layer.ranks == [rank] and layer.num_ranks == world_size and layer.kind == "fused"
+    assert layer.ranks == [rank] and layer.num_ranks == 2 and layer.kind == "fused"
     # The other rank's number is refused: this process holds its own only.
     with pytest.raises(ValueError, match="rank"):
         layer.device(1 - rank)
@@ -52,14 +40,10 @@ def _rank_worker(rank, world_size, init_file):
         print(f"rank {rank} seed {seed}: T {tokens}, diff {d:.2e} against the torch reference")
         assert same, f"rank {rank} seed {seed}: bits differ from the layer of every rank"
         assert d <= MAX_DIFF, f"rank {rank} seed {seed}: diff {d:.2e} > {MAX_DIFF}"
-    dist.destroy_process_group()
 
 
 def test_the_fused_layer_with_one_process_per_rank_matches_every_rank_in_one_process():
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory() as d:
-        mp.spawn(_rank_worker, args=(2, os.path.join(d, "init")), nprocs=2, join=True)
+    run_two_processes(_rank_worker)
 
 
 def test_the_split_kind_is_refused_naming_kind_before_any_exchange():

@@ -14,7 +14,7 @@ import pytest
 import megamoe
 from megamoe import _megamoe
 
-from _exchange import Gather
+from _procs import Gather
 
 # The tiny preset on 2 ranks.
 TINY = dict(num_ranks=2, num_experts=16, num_max_tokens_per_rank=64, num_topk=4, hidden=256,

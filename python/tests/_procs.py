@@ -1,0 +1,44 @@
+"""Shared by the tests of one process per rank: an all_gather that records its calls (the CPU
+tests: bad arguments are rejected before the peers are ever called), and two processes of a gloo
+group on one GPU (the GPU tests)."""
+
+import datetime
+import os
+import tempfile
+
+
+class Gather:
+    """An all_gather of a world of 2 that records its calls (the exchange of one process per
+    rank); it answers with this process's bytes twice."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, mine):
+        self.calls += 1
+        return [mine, mine]
+
+
+def run_two_processes(worker):
+    """Runs ``worker(rank)`` in two spawned processes, ranks 0 and 1 of a gloo group joined over a
+    temporary file, both on cuda:0 (``worker`` a module-level function); raises if either fails."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as d:
+        mp.spawn(_join_and_run, args=(worker, os.path.join(d, "init")), nprocs=2, join=True)
+
+
+def _join_and_run(rank, worker, init_file):
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=2,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    torch.cuda.set_device(0)
+    worker(rank)
+    dist.destroy_process_group()

@@ -17,13 +17,14 @@ enum WaitId : u32 {
 };
 
 // An mbarrier has no count to report: the record names the wait, its values stay 0 (one rank).
-__device__ __forceinline__ void report_expired(comm::WaitRecord* record, WaitId id) {
+// `id` is a WaitId here; kernels built on these waits pass their own ids.
+__device__ __forceinline__ void report_expired(comm::WaitRecord* record, u32 id) {
     comm::report_timeout(record, id, 0, 0, 0, 0);
 }
 
 // Waits for the phase of `parity` to complete; on deadline records `id` and exits the thread.
 __device__ __forceinline__ void mbarrier_wait(u64* bar, u32 parity, comm::WaitRecord* record,
-                                              u64 timeout_ns, WaitId id) {
+                                              u64 timeout_ns, u32 id) {
     if (ptx::mbarrier_try_wait_parity(bar, parity)) return;
     const u64 start = ptx::globaltimer_ns();
     while (!ptx::mbarrier_try_wait_parity(bar, parity)) {
@@ -38,7 +39,7 @@ __device__ __forceinline__ void mbarrier_wait(u64* bar, u32 parity, comm::WaitRe
 // it: the whole warp leaves together, and on expiry runs on_expiry() (converged) before it exits.
 template <typename OnExpiry>
 __device__ __forceinline__ void mbarrier_wait_warp(u64* bar, u32 parity, comm::WaitRecord* record,
-                                                   u64 timeout_ns, WaitId id, OnExpiry on_expiry) {
+                                                   u64 timeout_ns, u32 id, OnExpiry on_expiry) {
     if (__all_sync(~0u, ptx::mbarrier_try_wait_parity(bar, parity))) return;
     const u64 start = ptx::globaltimer_ns();
     while (!__all_sync(~0u, ptx::mbarrier_try_wait_parity(bar, parity))) {

@@ -25,6 +25,7 @@ pub const HEADERS: Headers = megamoe_cuda::header_set!(
         "megamoe_layer/impls/fused_params.cuh",
         "megamoe_layer/impls/fused_trace.cuh",
         "megamoe_layer/impls/split_l1.cuh",
+        "megamoe_layer/scheduler/task_queue.cuh",
         "megamoe_layer/scheduler/task_stream.cuh",
     ]
 );

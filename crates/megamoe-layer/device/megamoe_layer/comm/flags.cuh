@@ -17,6 +17,8 @@ enum FusedWait : u32 {
     kWaitGrid = 0x303,        // the grid barrier after the plan
     kWaitPullTurn = 0x304,    // a pull waits for the L1 frontier to come within pull_ahead blocks
     kWaitSlicesDone = 0x305,  // the releaser waits for a consumer warpgroup's slice of a task
+    kWaitTaskSlot = 0x306,    // the producer waits for the consumers to read a task slot's last task
+    kWaitTaskReady = 0x307,   // a consumer warp waits for the producer to hand over its next task
 };
 
 // Counters of one m-block, zeroed by every call before its grid barrier.

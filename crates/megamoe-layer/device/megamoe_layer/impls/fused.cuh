@@ -10,7 +10,8 @@
 //      m-blocks and the task stream (scheduler/task_stream.cuh); every CTA zeroes its share of
 //      the block counters; grid barrier.
 //   3. tasks: the producer replays the stream (an L1 task waits for its block's rows, an L2
-//      task for its block's L1 tasks), the consumers run L1 with the SwiGLU + weight +
+//      task for its block's L1 tasks) and hands each task to the consumers through shared
+//      memory (scheduler/task_queue.cuh), the consumers run L1 with the SwiGLU + weight +
 //      re-quantization epilogue into the ring and L2 with the scatter epilogue to the tokens'
 //      ranks, the releaser raises each block counter once a warpgroup's slice of it is
 //      written, and the pull fills ring slots once the slot's previous block is through L2.
@@ -36,6 +37,7 @@
 #include <megamoe_layer/epilogue/swiglu_quant.cuh>
 #include <megamoe_layer/impls/fused_params.cuh>
 #include <megamoe_layer/impls/fused_trace.cuh>
+#include <megamoe_layer/scheduler/task_queue.cuh>
 #include <megamoe_layer/scheduler/task_stream.cuh>
 
 namespace megamoe::layer {
@@ -49,6 +51,10 @@ constexpr u32 kLaunchRegs = 168;
 constexpr u32 kProducerRegs = 40;
 constexpr u32 kConsumerRegs = 232;
 static_assert(256 * (kConsumerRegs - kLaunchRegs) <= 128 * (kLaunchRegs - kProducerRegs), "the CTA's pool");
+// Tasks the producer may hand over ahead of the consumers (scheduler/task_queue.cuh): it runs
+// ahead by the ring of stages, which is more than one task only where K is a few blocks.
+constexpr u32 kTaskSlots = 4;
+using FusedTaskQueue = TaskQueue<kTaskSlots>;
 
 // Step 1: slot i = t·K + k of this rank naming expert e gets the next position of e's send
 // list. Positions are taken atomically, so a token's row may sit anywhere in its expert's rows;
@@ -90,16 +96,18 @@ __device__ __forceinline__ gemm::Tile task_tile(const FusedRegions& r, const Blo
 
 template <int kStages, bool kProbe, typename L1Smem, typename L2Smem>
 __device__ void produce(const FusedParams& p, const FusedProbe& probe, const L1Smem& s1, const L2Smem& s2,
-                        u32 n_tasks) {
+                        u32 n_tasks, FusedTaskQueue& queue) {
     const FusedRegions& r = p.r;
     TaskCursor cur(r);
     gemm::RingCursor<kStages> ring;
     BlockFlags* flags = block_flags(r);
     const BlockInfo* blocks = plan_blocks(r);
-    for (u32 i = ptx::ctaid_x(); i < n_tasks; i += gridDim.x) {
+    u32 j = 0;
+    for (u32 i = ptx::ctaid_x(); i < n_tasks; i += gridDim.x, ++j) {
         u32 kind, b, n;
         cur.get(i, kind, b, n);
         const gemm::Tile t = task_tile(r, blocks, b, n);
+        queue.push(r, j, TaskDesc{kind, b, n, t});
         TaskTrace* trace = nullptr;
         if (kProbe && probe.trace != 0) {
             trace = task_trace(r, probe.trace, i);
@@ -151,35 +159,26 @@ __device__ void release_slices(const FusedRegions& r, const u32* slices_done, u3
     }
 }
 
-// Task i of the cursor, its kind, block and n-block warp-uniform (see consume).
-__device__ __forceinline__ void get_uniform(TaskCursor& cur, u32 i, u32& kind, u32& b, u32& n) {
-    cur.get(i, kind, b, n);
-    kind = ptx::warp_uniform(kind);
-    b = ptx::warp_uniform(b);
-    n = ptx::warp_uniform(n);
-}
-
 template <int kStages, bool kProbe, typename L1Smem, typename L2Smem>
 __device__ void consume(const FusedParams& p, const FusedProbe& probe, const L1Smem& s1, const L2Smem& s2,
-                        u32 wg, u32 n_tasks, u32* slices_done) {
+                        u32 wg, u32 n_tasks, u32* slices_done, FusedTaskQueue& queue) {
     const FusedRegions& r = p.r;
     // A warpgroup's slice: 64 rows, two 128-column waves (for L1 a gate block and its up block).
     using Scales = gemm::TileWeightScales<128, 2, L1Smem::kScaleBRowFloats>;
     const u32 a_off = wg * 64;
-    TaskCursor cur(r);
     gemm::RingCursor<kStages> ring;
-    const BlockInfo* blocks = plan_blocks(r);
     const ScatterRows scatter{r};
-    // The task's indices are broadcast from lane 0 (ptx::warp_uniform): read through
-    // ptx::ctaid_x and global loads they would count as per-thread values, the branch on the
-    // task's kind as divergent, and the ring's stage and phase, advanced inside it, would leave
-    // the uniform registers: every wgmma descriptor would then be rebuilt per thread and moved
-    // back (R2UR) in the K loop, which took about 9 % longer.
+    // The task's indices are broadcast from lane 0 (ptx::warp_uniform, in the queue's pop): as
+    // per-thread values (ptx::ctaid_x, loads) the branch on the task's kind would count as
+    // divergent, and the ring's stage and phase, advanced inside it, would leave the uniform
+    // registers: every wgmma descriptor would then be rebuilt per thread and moved back (R2UR)
+    // in the K loop, which took about 9 % longer.
     u32 i = ptx::warp_uniform(ptx::ctaid_x());
     if (i >= n_tasks) return;
-    u32 kind, b, n;
-    get_uniform(cur, i, kind, b, n);
-    gemm::Tile t = task_tile(r, blocks, b, n);
+    u32 j = 0;
+    TaskDesc task = queue.pop(r, j);
+    u32 kind = task.kind;
+    gemm::Tile t = task.tile;
     Scales scales;
     scales.load(kind == kL1 ? p.l1 : p.l2, t, 0);
     // The timeline's writer in each warpgroup (the probe's fields are read where used, from the
@@ -202,11 +201,12 @@ __device__ void consume(const FusedParams& p, const FusedProbe& probe, const L1S
         // The next task's weight scales load while this one's epilogue runs.
         const u32 next = i + gridDim.x;
         const bool more = next < n_tasks;
-        u32 next_kind = 0, next_b = 0, next_n = 0;
+        u32 next_kind = 0;
         gemm::Tile next_t = t;
         if (more) {
-            get_uniform(cur, next, next_kind, next_b, next_n);
-            next_t = task_tile(r, blocks, next_b, next_n);
+            task = queue.pop(r, ++j);
+            next_kind = task.kind;
+            next_t = task.tile;
             scales.load(next_kind == kL1 ? p.l1 : p.l2, next_t, 0);
         }
         const u32 rows_valid = t.rows_valid > a_off ? t.rows_valid - a_off : 0;
@@ -220,7 +220,6 @@ __device__ void consume(const FusedParams& p, const FusedProbe& probe, const L1S
         if (!more) break;
         i = next;
         kind = next_kind;
-        b = next_b;
         t = next_t;
     }
 }
@@ -282,6 +281,7 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, const FusedProbe
     __shared__ u64 s_epoch;
     __shared__ u32 s_pull_items;
     __shared__ u32 s_slices_done[2];  // per consumer warpgroup: warp-slices written (finish_slice)
+    __shared__ FusedTaskQueue s_tasks;
     const FusedRegions& r = p.r;
     const ep::comm::Signals sig{r.peer_base, r.off_epochs, r.off_signals, r.off_error, r.deadline_ns,
                                 reinterpret_cast<comm::WaitRecord*>(r.wait_record), r.rank, r.ranks};
@@ -304,6 +304,7 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, const FusedProbe
             ptx::mbarrier_init(s1.full(s), 1);
             ptx::mbarrier_init(s1.empty(s), kMathWarps);
         }
+        s_tasks.init(kMathWarps);
         ptx::fence_barrier_init();
     }
 
@@ -350,7 +351,7 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, const FusedProbe
         if (run) {
             ptx::setmaxnreg_dec<kProducerRegs>();
             if (warp == kMathWarps) {
-                if (threadIdx.x % 32 == 0) produce<kStages, kProbe>(p, probe, s1, s2, h.n_tasks);
+                if (threadIdx.x % 32 == 0) produce<kStages, kProbe>(p, probe, s1, s2, h.n_tasks, s_tasks);
             } else if (warp == kReleaserWarp) {
                 if (threadIdx.x % 32 == 0) release_slices(r, s_slices_done, h.n_tasks);
             } else {
@@ -362,7 +363,7 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, const FusedProbe
     }
     if (run) {
         ptx::setmaxnreg_inc<kConsumerRegs>();
-        consume<kStages, kProbe>(p, probe, s1, s2, warp / 4, h.n_tasks, s_slices_done);
+        consume<kStages, kProbe>(p, probe, s1, s2, warp / 4, h.n_tasks, s_slices_done, s_tasks);
     }
     if (my_fault == kStopMidTasks || my_fault == kStopMidCombine) return;
     if (tracer) cta_trace(probe.trace)->tasks_done = ptx::globaltimer_ns();

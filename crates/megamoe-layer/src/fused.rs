@@ -54,6 +54,8 @@ pub const WAITS: WaitNames = WaitNames {
         "the grid barrier after the call's plan",
         "the pull waiting for the L1 frontier to come within pull_ahead blocks",
         "the releaser waiting for a consumer warpgroup's slice of a task",
+        "the producer waiting for the consumers to read a task slot",
+        "a consumer warp waiting for the producer to hand over its next task",
     ],
 };
 
@@ -142,7 +144,8 @@ pub struct TraceReport {
     /// wait for every rank's rows, combine.
     pub phases_us: [f64; 5],
     /// Per task kind (L1, L2): tasks, and the mean of the producer's wait on the block counter,
-    /// the consumers' gap before the task (from the previous task's end), mainloop and epilogue.
+    /// the consumers' gap before the task (from the previous task's end), mainloop and epilogue;
+    /// and the median mainloop, which a few long waits for data do not move.
     pub kinds: [KindTrace; 2],
     /// Σ mainloop / Σ (tasks phase) over the consumer warpgroups: how busy the tensor cores' feeders were.
     pub mainloop_share: f64,
@@ -155,6 +158,7 @@ pub struct KindTrace {
     pub gap_us: f64,
     pub mainloop_us: f64,
     pub epilogue_us: f64,
+    pub mainloop_median_us: f64,
 }
 
 /// The fused MoE layer on a world of real or virtual ranks.
@@ -876,6 +880,7 @@ fn trace_report(words: &[u64], ctas: usize, per_cta: usize) -> TraceReport {
     }
     let tasks = &words[ctas * 6..];
     let (mut mainloop_total, mut busy_total) = (0.0, 0.0);
+    let mut mainloops = [Vec::new(), Vec::new()];
     for c in 0..ctas {
         busy_total += 2.0 * us(cta(c)[2], cta(c)[3]);
         let mut prev_end = [cta(c)[2]; 2];
@@ -884,21 +889,23 @@ fn trace_report(words: &[u64], ctas: usize, per_cta: usize) -> TraceReport {
             if t[3] == 0 {
                 break; // this CTA had no more tasks
             }
-            let kind = (t[9] & 0xffff_ffff) as usize;
-            let k = &mut report.kinds[kind.min(1)];
+            let kind = ((t[9] & 0xffff_ffff) as usize).min(1);
+            let k = &mut report.kinds[kind];
             k.tasks += 1;
             k.producer_wait_us += us(t[0], t[1]);
             for (wg, end) in prev_end.iter_mut().enumerate() {
                 let w = &t[3 + 3 * wg..][..3];
                 k.gap_us += us(*end, w[0]) / 2.0;
                 k.mainloop_us += us(w[0], w[1]) / 2.0;
+                mainloops[kind].push(us(w[0], w[1]));
                 k.epilogue_us += us(w[1], w[2]) / 2.0;
                 mainloop_total += us(w[0], w[1]);
                 *end = w[2];
             }
         }
     }
-    for k in &mut report.kinds {
+    for (k, m) in report.kinds.iter_mut().zip(&mut mainloops) {
+        k.mainloop_median_us = median(m);
         let n = k.tasks.max(1) as f64;
         k.producer_wait_us /= n;
         k.gap_us /= n;
@@ -1011,13 +1018,17 @@ pub(crate) mod tests {
         assert_eq!(r.kinds[0].epilogue_us, 7.5);
         assert_eq!(r.kinds[1].gap_us, 2.0);
         assert_eq!(r.kinds[1].mainloop_us, 48.0);
+        assert_eq!(
+            (r.kinds[0].mainloop_median_us, r.kinds[1].mainloop_median_us),
+            (40.0, 48.0)
+        );
         // (2·40 + 2·48 + 2·40) / (2·100 + 2·50)
         assert!((r.mainloop_share - 256.0 / 300.0).abs() < 1e-12);
     }
 
     #[test]
     fn every_wait_id_has_a_name() {
-        for id in 0x300..0x305 {
+        for id in 0x300..=0x307 {
             assert!(WAITS.name(id).is_some(), "{id:#x}");
         }
         for id in 0x200..0x202 {

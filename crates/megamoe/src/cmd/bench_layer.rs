@@ -157,12 +157,15 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     if args.trace {
-        println!("fused timeline, rank 0 (us; phases are medians over CTAs, task columns means per task):");
         println!(
-            "{:>7} {:>8} {:>8} {:>9} {:>8} {:>8} {:>6} | {:>6} {:>8} {:>6} {:>9} {:>9} | {:>6} {:>8} {:>6} {:>9} {:>9}",
+            "fused timeline, rank 0 (us; phases are medians over CTAs, task columns means per task, \
+             ml med the median mainloop of a warpgroup):"
+        );
+        println!(
+            "{:>7} {:>8} {:>8} {:>9} {:>8} {:>8} {:>6} | {:>6} {:>8} {:>6} {:>9} {:>9} {:>7} | {:>6} {:>8} {:>6} {:>9} {:>9} {:>7}",
             "tokens", "routing", "plan", "tasks", "wait", "combine", "busy",
-            "L1 n", "p.wait", "gap", "mainloop", "epilogue",
-            "L2 n", "p.wait", "gap", "mainloop", "epilogue"
+            "L1 n", "p.wait", "gap", "mainloop", "epilogue", "ml med",
+            "L2 n", "p.wait", "gap", "mainloop", "epilogue", "ml med"
         );
         for r in &rows {
             let Some(t) = r.fused.as_ref().and_then(|f| f.trace.as_ref()) else {
@@ -170,7 +173,7 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             };
             let [a, b] = t.kinds;
             println!(
-                "{:>7} {:>8.1} {:>8.1} {:>9.1} {:>8.1} {:>8.1} {:>6.3} | {:>6} {:>8.2} {:>6.2} {:>9.2} {:>9.2} | {:>6} {:>8.2} {:>6.2} {:>9.2} {:>9.2}",
+                "{:>7} {:>8.1} {:>8.1} {:>9.1} {:>8.1} {:>8.1} {:>6.3} | {:>6} {:>8.2} {:>6.2} {:>9.2} {:>9.2} {:>7.2} | {:>6} {:>8.2} {:>6.2} {:>9.2} {:>9.2} {:>7.2}",
                 r.tokens,
                 t.phases_us[0],
                 t.phases_us[1],
@@ -183,11 +186,13 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                 a.gap_us,
                 a.mainloop_us,
                 a.epilogue_us,
+                a.mainloop_median_us,
                 b.tasks,
                 b.producer_wait_us,
                 b.gap_us,
                 b.mainloop_us,
-                b.epilogue_us
+                b.epilogue_us,
+                b.mainloop_median_us
             );
         }
     }

@@ -22,6 +22,19 @@
 
 namespace megamoe::layer {
 
+// silu(g) = g / (1 + e^-g) with the hardware exponential and reciprocal, MUFU.EX2 and MUFU.RCP
+// (a few ulp of f32 from the reference's correctly rounded ones, far below the e4m3 step that
+// follows; the IEEE expf and division made the L1 epilogue 1.5x slower at 192 rows per expert,
+// docs/PERF.md). The bits are those of __fdividef(g, 1 + __expf(-g)), whose exponential spends
+// three more instructions per value on results below 2^-126 (g > 87), where it keeps them
+// denormal: the flushed 0 adds to 1 all the same.
+__device__ __forceinline__ float silu(float g) {
+    float e, r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(-g * 1.4426950408889634f));
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + e));
+    return g * r;
+}
+
 struct SwigluQuant {
     u64 out;         // e4m3 [rows, inter]
     u64 out_scales;  // f32 [inter / group, rows_ld]
@@ -69,11 +82,7 @@ struct SwigluQuant {
                         g = fminf(g, clamp);
                         u = fminf(fmaxf(u, -clamp), clamp);
                     }
-                    // silu(g) = g / (1 + e^-g) with the hardware exponential and division
-                    // (a few ulp of f32 from the reference's correctly rounded ones, far
-                    // below the e4m3 step that follows). The IEEE expf and division made
-                    // this kernel 1.5x slower at 192 rows per expert (docs/PERF.md).
-                    a[j][b] = __fdividef(g, 1.0f + __expf(-g)) * u * weight;
+                    a[j][b] = silu(g) * u * weight;
                 }
             }
             // One or two G groups of the wave's 128 columns: j < kJ / 2 or >= kJ / 2 for G = 64.

@@ -1,4 +1,4 @@
-"""The MoE layer (fused kind) with one process per rank, as torchrun launches them.
+"""The MoE layer (fused or split kind) with one process per rank, as torchrun launches them.
 
 Every process builds its rank of the layer (``MoELayer.for_process_group``), loads its own experts
 (a slice of seeded full weights that every process generates alike), and runs the forward pass on
@@ -10,6 +10,7 @@ world (exit code 1 on FAIL).
 
     torchrun --nproc-per-node 2 python/examples/layer_torchrun.py                # rank r on GPU r
     torchrun --nproc-per-node 2 python/examples/layer_torchrun.py --same-device  # every rank on GPU 0
+    torchrun --nproc-per-node 2 python/examples/layer_torchrun.py --kind split   # the split kind
 
 Ranks on separate GPUs talk over nccl; with ``--same-device`` over gloo (nccl refuses two ranks on
 one GPU; the GPU then time-slices between the processes). Needs a GPU and torch.
@@ -29,10 +30,10 @@ EXPERTS, TOPK, HIDDEN, INTER, MAX_TOKENS = 16, 4, 256, 128, 64
 MAX_DIFF = 1e-4
 
 
-def make_layer(process_group=None) -> megamoe.MoELayer:
-    """This process's rank of the fused layer of the small shape."""
+def make_layer(kind: str = "fused", process_group=None) -> megamoe.MoELayer:
+    """This process's rank of the layer of ``kind`` of the small shape."""
     return megamoe.MoELayer.for_process_group(
-        EXPERTS, MAX_TOKENS, TOPK, HIDDEN, INTER, process_group=process_group
+        EXPERTS, MAX_TOKENS, TOPK, HIDDEN, INTER, kind=kind, process_group=process_group
     )
 
 
@@ -66,7 +67,7 @@ def check(layer: megamoe.MoELayer, seed: int = 0, process_group=None):
     dist.barrier(process_group)
 
     # The same batch through a layer of every rank in this process (rank r on GPU r % visible).
-    every = megamoe.MoELayer(world, EXPERTS, MAX_TOKENS, TOPK, HIDDEN, INTER)
+    every = megamoe.MoELayer(world, EXPERTS, MAX_TOKENS, TOPK, HIDDEN, INTER, kind=layer.kind)
     every.load_weights(*(t.to(every.device(0)) for t in full))
     batches = [[t.to(every.device(r)) for t in rank_batch(r, seed)] for r in range(world)]
     ys = every.forward(*(list(col) for col in zip(*batches)))
@@ -81,13 +82,14 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--same-device", action="store_true", help="every process on GPU 0 (gloo)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kind", choices=["fused", "split"], default="fused")
     args = p.parse_args()
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(0 if args.same_device else local_rank)
     dist.init_process_group("gloo" if args.same_device else "nccl")
     rank = dist.get_rank()
-    same, d, tokens = check(make_layer(), args.seed)
+    same, d, tokens = check(make_layer(args.kind), args.seed)
     ok = same and d <= MAX_DIFF
     verdict = "bitwise equal to" if same else "bits differ from"
     print(

@@ -2,8 +2,8 @@
 name) builds an :class:`MoELayer`, ``load_weights`` takes the experts' FP8 weights,
 ``forward`` runs the layer (fused or split) on the caller's current CUDA stream.
 
-A layer holds every rank of its world in this process (``MoELayer(num_ranks, ...)``), or, for the
-fused kind, this process's one rank of a torch.distributed group, one process per rank as
+A layer holds every rank of its world in this process (``MoELayer(num_ranks, ...)``), or, of
+either kind, this process's one rank of a torch.distributed group, one process per rank as
 torchrun launches them (``MoELayer.for_process_group(...)``, or ``get_symm_buffer_for_mega_moe``
 with ``process_group``): it then loads this rank's experts alone and ``forward`` takes and returns
 this rank's tensors alone.
@@ -41,7 +41,7 @@ class MoELayer:
     def for_process_group(cls, num_experts, num_max_tokens_per_rank, num_topk, hidden,
                           intermediate_hidden, kind="fused", group=None, clamp=None,
                           process_group=None):
-        """This process's rank of a layer of one process per rank (the fused kind): rank
+        """This process's rank of a layer of one process per rank (either kind): rank
         ``dist.get_rank(process_group)`` of ``dist.get_world_size(process_group)`` ranks
         (``process_group``: a torch.distributed process group, the default one when None), on
         the current CUDA device (``torch.cuda.set_device`` first; processes may share a GPU).
@@ -51,7 +51,7 @@ class MoELayer:
         the weights are loaded (any backend: gloo, or nccl with one GPU per process). The other
         arguments are :class:`MoELayer`'s (``group`` is the intermediate's scale granularity);
         bad ones raise ValueError naming them before any GPU memory is allocated or anything
-        exchanged (``num_ranks`` is the group's size; ``kind="split"`` is refused)."""
+        exchanged (``num_ranks`` is the group's size)."""
         th = torch()
         import torch.distributed as dist
 

@@ -1,4 +1,4 @@
-"""The MoE layer (fused kind) with one process per rank (as torchrun launches them) on a GPU: two
+"""The MoE layer (both kinds) with one process per rank (as torchrun launches them) on a GPU: two
 processes of a gloo group, both on cuda:0, each build their rank with
 ``MoELayer.for_process_group``, load their own experts (a slice of seeded full weights every
 process generates alike) and run their own seeded tokens; each checks its rank's y bit for bit
@@ -26,32 +26,33 @@ EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 MAX_DIFF = 1e-4
 
 
-def _rank_worker(rank):
+def _rank_worker(rank, kind):
     sys.path.insert(0, str(EXAMPLES))
     import layer_torchrun
 
-    layer = layer_torchrun.make_layer()
-    assert layer.ranks == [rank] and layer.num_ranks == 2 and layer.kind == "fused"
+    layer = layer_torchrun.make_layer(kind)
+    assert layer.ranks == [rank] and layer.num_ranks == 2 and layer.kind == kind
     # The other rank's number is refused: this process holds its own only.
     with pytest.raises(ValueError, match="rank"):
         layer.device(1 - rank)
     for seed in (0, 1):
         same, d, tokens = layer_torchrun.check(layer, seed)
-        print(f"rank {rank} seed {seed}: T {tokens}, diff {d:.2e} against the torch reference")
+        print(f"{kind} rank {rank} seed {seed}: T {tokens}, diff {d:.2e} against the torch reference")
         assert same, f"rank {rank} seed {seed}: bits differ from the layer of every rank"
         assert d <= MAX_DIFF, f"rank {rank} seed {seed}: diff {d:.2e} > {MAX_DIFF}"
 
 
-def test_the_fused_layer_with_one_process_per_rank_matches_every_rank_in_one_process():
-    run_two_processes(_rank_worker)
+def _fused_worker(rank):
+    _rank_worker(rank, "fused")
 
 
-def test_the_split_kind_is_refused_naming_kind_before_any_exchange():
-    def gather(_mine):
-        raise AssertionError("the all_gather was called")
+def _split_worker(rank):
+    _rank_worker(rank, "split")
 
-    with pytest.raises(ValueError, match="kind"):
-        _megamoe.Layer.for_rank(0, 0, gather, 2, 16, 64, 4, 256, 128, kind="split")
+
+@pytest.mark.parametrize("worker", [_fused_worker, _split_worker], ids=["fused", "split"])
+def test_the_layer_with_one_process_per_rank_matches_every_rank_in_one_process(worker):
+    run_two_processes(worker)
 
 
 def _raise(_mine):

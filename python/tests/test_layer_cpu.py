@@ -1,8 +1,7 @@
 """What the native layer of one process per rank (``_megamoe.Layer.for_rank``, behind
 ``MoELayer.for_process_group``) does without a GPU and without torch: bad arguments are
 ValueErrors naming them, checked before any GPU is touched or the peers called (the all_gather is
-never called); the split kind is refused naming ``kind``; with good arguments and no GPU the
-error says what is missing. ``MoELayer.for_process_group`` is checked the same way over a
+never called); with good arguments and no GPU the error says what is missing, for either kind. ``MoELayer.for_process_group`` is checked the same way over a
 stand-in for torch.distributed where torch is absent."""
 
 import importlib.util
@@ -35,7 +34,6 @@ def rank_layer(gather, **kw):
         (dict(device=-1), "device"),
         (dict(all_gather=b"not callable"), "all_gather: expected a callable, got bytes"),
         (dict(all_gather=None), "all_gather: expected a callable"),
-        (dict(kind="split"), "`kind` = split is invalid: .*fused kind only"),
         (dict(kind="both"), "kind"),
         # A group size the experts do not split over.
         (dict(num_ranks=3), "num_ranks"),
@@ -53,17 +51,18 @@ def test_a_process_ranks_bad_arguments_are_value_errors_before_any_exchange(bad,
     assert getattr(gather, "calls", 0) == 0
 
 
-def test_the_split_kind_is_refused_before_the_all_gather_is_looked_at():
+def test_a_bad_kind_is_refused_before_the_all_gather_is_looked_at():
     # kind is checked with the other arguments, before the callable and the GPU.
     with pytest.raises(ValueError, match="kind"):
-        rank_layer(b"not callable", kind="split")
+        rank_layer(b"not callable", kind="both")
 
 
 @pytest.mark.skipif(megamoe.gpu_available(), reason="checks the answer without a GPU")
-def test_without_a_gpu_a_process_rank_says_what_is_missing_before_any_exchange():
+@pytest.mark.parametrize("kind", ["fused", "split"])
+def test_without_a_gpu_a_process_rank_says_what_is_missing_before_any_exchange(kind):
     gather = Gather()
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
-        rank_layer(gather)
+        rank_layer(gather, kind=kind)
     assert gather.calls == 0
 
 
@@ -105,7 +104,7 @@ PER_PROCESS = dict(num_experts=16, num_max_tokens_per_rank=64, num_topk=4, hidde
 @pytest.mark.parametrize(
     "bad, name",
     [
-        (dict(kind="split"), "`kind` = split is invalid: .*fused kind only"),
+        (dict(kind="both"), "kind"),
         (dict(hidden=100), "hidden"),
         (dict(num_experts=15), "num_experts|num_ranks"),  # 15 experts over 2 ranks
         (dict(group=96), "group"),
@@ -131,7 +130,7 @@ def test_get_symm_buffer_with_a_process_group_takes_its_size(fake_dist):
     with pytest.raises(ValueError, match="num_ranks: 4, but the process group has 2 ranks"):
         megamoe.get_symm_buffer_for_mega_moe(4, **PER_PROCESS, process_group="pg")
     with pytest.raises(ValueError, match="kind"):
-        megamoe.get_symm_buffer_for_mega_moe(2, **PER_PROCESS, kind="split", process_group="pg")
+        megamoe.get_symm_buffer_for_mega_moe(2, **PER_PROCESS, kind="both", process_group="pg")
     assert gather.calls == 0
 
 

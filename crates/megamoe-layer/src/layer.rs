@@ -31,11 +31,11 @@ impl MoeLayer {
     }
 
     /// Rank `rank` of a world of `spec.ranks` processes (one rank each, as under torchrun), on
-    /// GPU `device`: the fused kind only ([`FusedLayer::for_rank`] with the default options; the
-    /// split kind is an error naming `kind`, returned before anything else is done). Every
-    /// process builds its rank with the same `spec`, and the symmetric buffers' handles go
-    /// through `exchange`, which every process calls in the same order. `weights(rank)` is
-    /// asked for this rank only; calls take and return this rank's tensors alone.
+    /// GPU `device`, of `spec.kind` ([`SplitLayer::for_rank`], [`FusedLayer::for_rank`] with
+    /// the default options). Every process builds its rank with the same `spec`, and the
+    /// symmetric buffers' handles go through `exchange`, which every process calls in the same
+    /// order. `weights(rank)` is asked for this rank only; calls take and return this rank's
+    /// tensors alone.
     pub fn for_rank(
         spec: LayerSpec,
         weights: impl Fn(usize) -> megamoe_core::Result<RankWeightsFp8>,
@@ -43,10 +43,16 @@ impl MoeLayer {
         device: usize,
         exchange: Box<dyn AllGather>,
     ) -> Result<MoeLayer> {
-        spec.check_one_rank_per_process()?;
-        let options = FusedOptions::default();
-        let layer = FusedLayer::for_rank(spec, weights, options, rank, device, exchange)?;
-        Ok(MoeLayer::Fused(Box::new(layer)))
+        Ok(match spec.kind {
+            Kind::Split => MoeLayer::Split(Box::new(SplitLayer::for_rank(
+                spec, weights, rank, device, exchange,
+            )?)),
+            Kind::Fused => {
+                let options = FusedOptions::default();
+                let layer = FusedLayer::for_rank(spec, weights, options, rank, device, exchange)?;
+                MoeLayer::Fused(Box::new(layer))
+            }
+        })
     }
 
     pub fn spec(&self) -> &LayerSpec {
@@ -60,7 +66,7 @@ impl MoeLayer {
     /// every rank (`0..spec.ranks`), or this process's one ([`Self::for_rank`]).
     pub fn local_ranks(&self) -> Range<usize> {
         match self {
-            MoeLayer::Split(l) => 0..l.spec.ranks,
+            MoeLayer::Split(l) => l.local_ranks(),
             MoeLayer::Fused(l) => l.local_ranks(),
         }
     }
@@ -139,18 +145,19 @@ mod tests {
     use crate::fused::tests::Unreachable;
 
     #[test]
-    fn one_rank_per_process_of_the_split_kind_is_rejected_naming_kind() {
+    fn one_rank_per_process_checks_the_rank_before_any_exchange_for_either_kind() {
         let shape = megamoe_core::Preset::by_name("tiny").unwrap().shape;
-        let spec = LayerSpec {
-            kind: Kind::Split,
-            ..LayerSpec::new(shape, 2, 64)
-        };
-        let no_weights = |_| unreachable!("no weights are read for a rejected kind");
-        let err = MoeLayer::for_rank(spec, no_weights, 0, 0, Box::new(Unreachable))
-            .err()
-            .expect("the split kind is rejected")
-            .to_string();
-        assert!(err.contains("`kind` = split is invalid"), "{err}");
-        assert!(err.contains("fused kind only"), "{err}");
+        for kind in [Kind::Split, Kind::Fused] {
+            let spec = LayerSpec {
+                kind,
+                ..LayerSpec::new(shape, 2, 64)
+            };
+            let no_weights = |_| unreachable!("no weights are read for a rejected rank");
+            let err = MoeLayer::for_rank(spec, no_weights, 5, 0, Box::new(Unreachable))
+                .err()
+                .expect("rank 5 of 2 is rejected")
+                .to_string();
+            assert!(err.contains("`rank`"), "{kind:?}: {err}");
+        }
     }
 }

@@ -168,13 +168,15 @@ pub fn fused_rank_kernel() -> megamoe_cuda::KernelSpec {
     crate::kernel::fused_spec(spec.group, false)
 }
 
-/// One process's part of the fused layer with one rank per process (`megamoe ep-procs`): rank
-/// `rank` of `ranks` builds its layer with [`FusedLayer::for_rank`] on GPU `device` and runs a
-/// seeded tiny batch, the same in every process. Its output must be bit-equal to the same rank's
-/// output of a layer holding every rank in this process (virtual ranks) and within [`MAX_DIFF`]
-/// of the CPU reference. `idle`: build the layer, then make no call for two deadlines (the
-/// peers' waits must expire naming this rank).
-pub fn fused_rank_check(
+/// One process's part of the layer of `kind` with one rank per process (`megamoe ep-procs`):
+/// rank `rank` of `ranks` builds its layer with [`FusedLayer::for_rank`] (every device wait
+/// bounded by `deadline`) or [`crate::SplitLayer::for_rank`] on GPU `device` and runs a seeded
+/// tiny batch, the same in every process. Its output must be bit-equal to the same rank's output
+/// of a layer of the same kind holding every rank in this process (virtual ranks) and within
+/// [`MAX_DIFF`] of the CPU reference. `idle`: build the layer, then make no call for two
+/// deadlines (the peers' waits must expire naming this rank).
+pub fn layer_rank_check(
+    kind: Kind,
     rank: usize,
     ranks: usize,
     device: usize,
@@ -188,16 +190,21 @@ pub fn fused_rank_check(
     let gen = WeightGen::new(shape, seed);
     let options = LayerOptions::for_shape(&shape);
     let spec = LayerSpec {
-        kind: Kind::Fused,
+        kind,
         ..spec_for(&world, &options)
     };
-    let fused = FusedOptions {
-        deadline,
-        ..FusedOptions::default()
-    };
     let weights = |r| gen.rank_fp8(r, ranks);
-    let mut layer =
-        FusedLayer::for_rank(spec, weights, fused, rank, device, exchange).map_err(err)?;
+    let mut layer = match kind {
+        Kind::Fused => {
+            let fused = FusedOptions {
+                deadline,
+                ..FusedOptions::default()
+            };
+            let layer = FusedLayer::for_rank(spec, weights, fused, rank, device, exchange);
+            MoeLayer::Fused(Box::new(layer.map_err(err)?))
+        }
+        Kind::Split => MoeLayer::for_rank(spec, weights, rank, device, exchange).map_err(err)?,
+    };
     if idle {
         std::thread::sleep(2 * deadline);
         return Ok(format!("rank {rank}: built its layer and made no call"));
@@ -211,7 +218,7 @@ pub fn fused_rank_check(
             "rank {rank}: diff {d:.3e} against the CPU reference (bound {MAX_DIFF:.0e})"
         ));
     }
-    let every = run_layer(Kind::Fused, &world, &gen, &options)?;
+    let every = run_layer(kind, &world, &gen, &options)?;
     if every[rank] != got[0] {
         return Err(format!(
             "rank {rank}: the output differs from the virtual-rank layer's on the same batch"

@@ -99,19 +99,6 @@ impl LayerSpec {
         }
     }
 
-    /// Whether one rank per process can be built of this spec ([`crate::MoeLayer::for_rank`]):
-    /// the fused kind only; the split kind is an error naming `kind`.
-    pub fn check_one_rank_per_process(&self) -> Result<()> {
-        match self.kind {
-            Kind::Fused => Ok(()),
-            Kind::Split => Err(Error::Value {
-                arg: "kind",
-                value: self.kind.name().into(),
-                reason: "one rank per process is built for the fused kind only".into(),
-            }),
-        }
-    }
-
     /// Checks the shape rules (SPEC §2) and the kernels' limits, naming the argument.
     pub fn validate(&self) -> Result<()> {
         let shape = |arg, reason: String| Err(Error::Shape { arg, reason });

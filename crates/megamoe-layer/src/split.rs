@@ -21,7 +21,7 @@ use half::bf16;
 use megamoe_core::routing::{check_slot_weights, check_topk_idx};
 use megamoe_core::weights::RankWeightsFp8;
 use megamoe_core::Error;
-use megamoe_cuda::{jit, DeviceBuffer, Gpu, Kernel, Quantizer, WaitRecord};
+use megamoe_cuda::{jit, AllGather, DeviceBuffer, Gpu, Kernel, Quantizer, WaitRecord};
 use megamoe_ep::{
     CombineOrder, EpConfig, EpWorld, Handle, InjectedFault, IoRegion, RowDtype, SyncMode,
 };
@@ -87,7 +87,7 @@ impl Phase {
 /// A call whose inputs are on the device: what [`SplitLayer::launch`] runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Staged {
-    /// T of every rank.
+    /// T of every local rank ([`SplitLayer::local_ranks`]).
     pub tokens: Vec<usize>,
     /// Which ranks' inputs the quantizer must convert first.
     bf16: Vec<bool>,
@@ -112,16 +112,19 @@ struct RankState {
     l2: Vec<GroupedGemm>,
 }
 
-/// The split MoE layer on a world of real or virtual ranks.
+/// The split MoE layer on a world of real or virtual ranks, all of them in this process or one
+/// ([`SplitLayer::for_rank`]).
 pub struct SplitLayer {
     pub spec: LayerSpec,
     ep: EpWorld,
     handle: Handle,
+    /// The ranks this process holds, `ep.local_ranks()` in order.
     ranks: Vec<RankState>,
     l1_config: GemmConfig,
     /// The L1 kernel's name, for errors.
     l1_name: String,
-    /// Cumulative rows received per local expert, per rank, over every forward.
+    /// Cumulative rows received per local expert, per rank (ranks of other processes stay 0),
+    /// over every forward.
     expert_counts: Vec<Vec<u64>>,
 }
 
@@ -133,7 +136,31 @@ impl SplitLayer {
         spec: LayerSpec,
         weights: impl Fn(usize) -> megamoe_core::Result<RankWeightsFp8>,
     ) -> Result<SplitLayer> {
-        SplitLayer::build(spec, weights, None)
+        SplitLayer::build(spec, weights, None, None)
+    }
+
+    /// Rank `rank` of a world of `spec.ranks` processes (one rank each, as under torchrun), on
+    /// GPU `device`: every process builds its rank with the same `spec`, and the symmetric
+    /// buffers' handles go through `exchange`, which every process calls in the same order.
+    /// `weights(rank)` is asked for this rank only; calls take and return this rank's tensors
+    /// alone.
+    pub fn for_rank(
+        spec: LayerSpec,
+        weights: impl Fn(usize) -> megamoe_core::Result<RankWeightsFp8>,
+        rank: usize,
+        device: usize,
+        exchange: Box<dyn AllGather>,
+    ) -> Result<SplitLayer> {
+        // Before the GPU is asked for its SM count (the fused kind's world checks it first).
+        if rank >= spec.ranks {
+            return Err(Error::Value {
+                arg: "rank",
+                value: rank.to_string(),
+                reason: format!("must be below the {} ranks of the world", spec.ranks),
+            }
+            .into());
+        }
+        SplitLayer::build(spec, weights, None, Some((rank, device, exchange)))
     }
 
     /// The layer whose dispatch and combine inject `fault`, every wait bounded by `deadline`
@@ -144,13 +171,15 @@ impl SplitLayer {
         deadline: std::time::Duration,
         fault: InjectedFault,
     ) -> Result<SplitLayer> {
-        SplitLayer::build(spec, weights, Some((deadline, fault)))
+        SplitLayer::build(spec, weights, Some((deadline, fault)), None)
     }
 
+    /// `one_rank`: this process's rank, its GPU and the handle exchange (else every rank).
     fn build(
         spec: LayerSpec,
         weights: impl Fn(usize) -> megamoe_core::Result<RankWeightsFp8>,
         fault: Option<(std::time::Duration, InjectedFault)>,
+        one_rank: Option<(usize, usize, Box<dyn AllGather>)>,
     ) -> Result<SplitLayer> {
         spec.validate()?;
         let (h, i) = (spec.shape.hidden, spec.shape.inter);
@@ -158,20 +187,28 @@ impl SplitLayer {
         let rows = spec.pool_rows();
         let mut ep_config = EpConfig::new(spec.ep_spec(), RowDtype::Fp8);
         ep_config.group_major_scales = true;
-        let gpus = megamoe_cuda::device_count()?.max(1);
-        let sms = Gpu::new(0)?.props().sm_count as usize;
-        ep_config.num_sms = comm_sms(spec.comm_sms, spec.ranks, gpus, sms);
+        // A process of one rank shares its GPU with no rank of its own (processes that share a
+        // GPU take turns on it).
+        let (local, gpus, device) = match &one_rank {
+            Some((_, device, _)) => (1, 1, *device),
+            None => (spec.ranks, megamoe_cuda::device_count()?.max(1), 0),
+        };
+        let sms = Gpu::new(device)?.props().sm_count as usize;
+        ep_config.num_sms = comm_sms(spec.comm_sms, local, gpus, sms);
         if let Some((deadline, fault)) = fault {
             ep_config.deadline = deadline;
             ep_config.fault = Some(fault);
         }
-        let ep = EpWorld::new(ep_config)?;
+        let ep = match one_rank {
+            Some((rank, device, exchange)) => EpWorld::for_rank(ep_config, rank, device, exchange)?,
+            None => EpWorld::new(ep_config)?,
+        };
         let handle = ep.new_handle()?;
         let l1_config = l1_config(sms);
         let l1_compiled = jit::compile(&split_l1_spec(&l1_config))?;
 
-        let mut ranks = Vec::with_capacity(spec.ranks);
-        for r in 0..spec.ranks {
+        let mut ranks = Vec::with_capacity(ep.local_ranks().len());
+        for r in ep.local_ranks() {
             let w = weights(r).map_err(|e| LayerError::input(r, e))?;
             weights::check(&w, &spec.shape, el).map_err(|e| LayerError::input(r, e))?;
             let (w1, s1) = weights::interleave_w1(&w.w1, &w.s1, &spec.shape, el);
@@ -287,18 +324,17 @@ impl SplitLayer {
         &self.expert_counts
     }
 
-    /// Checks every rank's inputs, then uploads them.
+    /// Checks every local rank's inputs, then uploads them.
     pub fn stage(&self, inputs: &[RankInput], num_tokens_bound: Option<usize>) -> Result<Staged> {
-        let s = &self.spec;
-        let tokens = check_call(s, 0..s.ranks, inputs, num_tokens_bound)?;
+        let tokens = check_call(&self.spec, self.local_ranks(), inputs, num_tokens_bound)?;
         let layout = self.ep.layout;
-        let mut bf16 = Vec::with_capacity(s.ranks);
-        for (r, input) in inputs.iter().enumerate() {
+        let mut bf16 = Vec::with_capacity(inputs.len());
+        for (((r, rank), input), &t) in self.local().zip(inputs).zip(&tokens) {
             self.ep
-                .upload_routing(r, tokens[r], input.topk_idx, input.topk_weights)?;
+                .upload_routing(r, t, input.topk_idx, input.topk_weights)?;
             match input.x {
                 Activations::Bf16(x) => {
-                    self.ranks[r].x_bf16.upload(x)?;
+                    rank.x_bf16.upload(x)?;
                     bf16.push(true);
                 }
                 Activations::Fp8 { data, scales } => {
@@ -310,18 +346,18 @@ impl SplitLayer {
                 Activations::Device(x) => {
                     let buf = self.ep.buffer(r);
                     let places = [
-                        (&self.ranks[r].x_bf16, 0),
+                        (&rank.x_bf16, 0),
                         (buf, layout.in_rows),
                         (buf, layout.in_scales),
                     ];
-                    bf16.push(x.copy_into(&self.ranks[r].gpu, places, self.spec.shape.hidden)?);
+                    bf16.push(x.copy_into(&rank.gpu, places, self.spec.shape.hidden)?);
                 }
             }
         }
         Ok(Staged { tokens, bf16 })
     }
 
-    /// Queues a staged call on every rank's stream (no host synchronization; errors of the
+    /// Queues a staged call on every local rank's stream (no host synchronization; errors of the
     /// device side are reported by [`Self::finish`]).
     pub fn launch(&mut self, staged: &Staged) -> Result<()> {
         for phase in Phase::ALL {
@@ -337,15 +373,15 @@ impl SplitLayer {
         match phase {
             Phase::Dispatch => {
                 let layout = self.ep.layout;
-                for (r, rank) in self.ranks.iter().enumerate() {
-                    if staged.bf16[r] {
+                for ((r, rank), &bf16) in self.local().zip(&staged.bf16) {
+                    if bf16 {
                         let buf = self.ep.buffer(r);
                         rank.quantizer.launch_at(
                             &rank.gpu,
                             &rank.x_bf16,
                             (buf, layout.in_rows),
                             (buf, layout.in_scales),
-                            staged.tokens[r],
+                            staged.tokens[r - self.local_ranks().start],
                             self.spec.shape.hidden,
                         )?;
                     }
@@ -381,7 +417,7 @@ impl SplitLayer {
         Ok(())
     }
 
-    /// Waits for every rank and reports the first failure of the calls since the last finish:
+    /// Waits for every local rank and reports the first failure of the calls since the last finish:
     /// a device wait past its deadline (naming the rank and the wait) or a rejected input.
     pub fn finish(&self) -> Result<()> {
         // The EP sync waits for every rank's stream, the GEMMs' launches included.
@@ -401,35 +437,48 @@ impl SplitLayer {
         Ok(self.ep.expired_waits()?)
     }
 
-    /// The GPU handle of rank `rank` (its stream, its timers).
+    /// The GPU handle of local rank `rank` (by its global number): its stream, its timers.
     pub fn gpu(&self, rank: usize) -> &Gpu {
-        &self.ranks[rank].gpu
+        &self.ranks[rank - self.local_ranks().start].gpu
     }
 
-    /// Downloads the outputs of the last finished call.
+    /// The ranks this process holds: every rank, or one ([`Self::for_rank`]).
+    pub fn local_ranks(&self) -> Range<usize> {
+        self.ep.local_ranks()
+    }
+
+    /// Every local rank's global number and state.
+    fn local(&self) -> impl Iterator<Item = (usize, &RankState)> {
+        self.local_ranks().zip(&self.ranks)
+    }
+
+    /// Downloads the outputs of the last finished call, one per local rank.
     pub fn outputs(&self, staged: &Staged) -> Result<Vec<Vec<bf16>>> {
-        download_outputs(&staged.tokens, self.spec.shape.hidden, |r| self.output(r))
+        let first = self.local_ranks().start;
+        download_outputs(&staged.tokens, self.spec.shape.hidden, |i| {
+            self.output(first + i)
+        })
     }
 
-    /// Where rank `rank`'s output of the last finished call is: bf16 `[T, H]` from a byte
+    /// Where local rank `rank`'s (its global number) output of the last finished call is: bf16 `[T, H]` from a byte
     /// offset of a buffer.
     pub(crate) fn output(&self, rank: usize) -> (&DeviceBuffer, usize) {
         (self.ep.io(rank), self.ep.io_offset(IoRegion::Y))
     }
 
-    /// Every rank's staged inputs as bytes: the input rows and scales, the routing, the bf16
-    /// staging (the selftest's "nothing written before validation" check).
+    /// Every local rank's staged inputs as bytes: the input rows and scales, the routing, the
+    /// bf16 staging (the selftest's "nothing written before validation" check).
     pub(crate) fn input_bytes(&self) -> Result<Vec<u8>> {
         let l = self.ep.layout;
         let mut out = Vec::new();
-        for r in 0..self.spec.ranks {
+        for (r, rank) in self.local() {
             let (buf, io) = (self.ep.buffer(r), self.ep.io(r));
             let places = [
                 (buf, l.in_rows),
                 (buf, l.in_scales),
                 (io, self.ep.io_offset(IoRegion::TopkIdx)),
                 (io, self.ep.io_offset(IoRegion::Probs)),
-                (&self.ranks[r].x_bf16, 0),
+                (&rank.x_bf16, 0),
             ];
             append_staged(&self.spec, places, &mut out)?;
         }
@@ -437,7 +486,7 @@ impl SplitLayer {
     }
 
     fn count_received(&mut self) -> Result<()> {
-        for r in 0..self.spec.ranks {
+        for r in self.local_ranks() {
             let rows = self.ep.received_rows(&self.handle, r)?;
             for (c, n) in self.expert_counts[r].iter_mut().zip(rows) {
                 *c += n as u64;
@@ -449,8 +498,7 @@ impl SplitLayer {
     /// Which of the ranks' L2 launches runs `staged`: the GEMM heuristics' choice for the
     /// call's rows per expert.
     fn l2_index(&self, staged: &Staged) -> Result<usize> {
-        let slots = staged.tokens.iter().sum::<usize>() * self.spec.shape.topk;
-        let problem = l2_problem(&self.spec, slots / self.spec.shape.experts);
+        let problem = l2_problem(&self.spec, self.rows_per_expert(staged));
         let config = choose(&problem, self.l1_config.ctas)?;
         Ok(self.ranks[0]
             .l2
@@ -459,18 +507,26 @@ impl SplitLayer {
             .expect("every configuration the heuristics pick is built in new()"))
     }
 
+    /// The call's mean rows per expert, which picks the GEMMs' tiles: every rank's slots over
+    /// the experts. A process of one rank knows its own T only and counts every rank at its
+    /// own (so ranks may pick differently; the tile changes the speed, never the bits).
+    fn rows_per_expert(&self, staged: &Staged) -> usize {
+        let local_slots = staged.tokens.iter().sum::<usize>() * self.spec.shape.topk;
+        let slots = local_slots * self.spec.ranks / staged.tokens.len().max(1);
+        slots / self.spec.shape.experts
+    }
+
     /// Our two grouped GEMMs alone over the pool of the last call of `staged`: a plain L1 (bf16
     /// output into a scratch buffer) and the layer's L2 (the benchmark's GEMM-only arm).
     pub(crate) fn gemms_only(&self, staged: &Staged) -> Result<GemmsOnly> {
         let (h, i) = (self.spec.shape.hidden, self.spec.shape.inter);
         let el = self.spec.shape.local_experts(self.spec.ranks);
         let rows = self.spec.pool_rows();
-        let slots = staged.tokens.iter().sum::<usize>() * self.spec.shape.topk;
-        let problem = l1_problem(h, i, el, slots / self.spec.shape.experts);
+        let problem = l1_problem(h, i, el, self.rows_per_expert(staged));
         let config = choose(&problem, self.l1_config.ctas)?;
         let mut l1 = Vec::new();
         let mut scratch = Vec::new();
-        for (r, rank) in self.ranks.iter().enumerate() {
+        for (r, rank) in self.local() {
             let out = rank.gpu.alloc(rows * 2 * i * 2)?;
             let ptrs = self.ep.ptrs(r);
             l1.push(GroupedGemm::new(
@@ -634,9 +690,31 @@ pub(crate) fn comm_sms(requested: Option<usize>, ranks: usize, gpus: usize, sms:
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fused::tests::Unreachable;
     use megamoe_core::routing::validate_rank;
     use megamoe_core::{Preset, RankInputs};
     use proptest::prelude::*;
+
+    #[test]
+    fn a_rank_outside_the_world_is_rejected_before_any_exchange() {
+        let shape = Preset::by_name("tiny").unwrap().shape;
+        let spec = LayerSpec::new(shape, 2, 64);
+        let no_weights = |_| unreachable!("no weights are read for a rejected rank");
+        let err = SplitLayer::for_rank(spec, no_weights, 2, 0, Box::new(Unreachable))
+            .err()
+            .expect("rank 2 of 2 is rejected")
+            .to_string();
+        assert!(err.contains("`rank` = 2 is invalid"), "{err}");
+        assert!(err.contains("below the 2 ranks"), "{err}");
+    }
+
+    #[test]
+    fn a_bad_spec_is_rejected_before_any_exchange() {
+        let shape = Preset::by_name("tiny").unwrap().shape;
+        let spec = LayerSpec::new(shape, 3, 64); // 16 experts over 3 ranks
+        let no_weights = |_| unreachable!("no weights are read for a rejected spec");
+        assert!(SplitLayer::for_rank(spec, no_weights, 0, 0, Box::new(Unreachable)).is_err());
+    }
 
     proptest! {
         // Any lengths, expert ids and weights: the layer's checks never panic, and accept

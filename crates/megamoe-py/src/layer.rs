@@ -5,7 +5,7 @@
 //! the values must satisfy, through megamoe-layer.
 //!
 //! A layer holds every rank of its world ([`GpuLayer::new`]), or one rank of a world of one
-//! process per rank ([`GpuLayer::for_rank`], the fused kind, as torchrun launches them): its
+//! process per rank ([`GpuLayer::for_rank`], either kind, as torchrun launches them): its
 //! weights are then this rank's experts alone, and its calls take this rank's tensors alone.
 
 use std::ops::Range;
@@ -80,14 +80,13 @@ impl GpuLayer {
     }
 
     /// The checked spec, rank and device of [`Self::for_rank`], touching no GPU: the spec's
-    /// rules, the fused kind (`kind`), `rank` below `num_ranks`, `device` not negative.
+    /// rules, `rank` below `num_ranks`, `device` not negative.
     pub fn rank_config(
         args: &LayerArgs,
         rank: i64,
         device: i64,
     ) -> Result<(LayerSpec, usize, usize)> {
         let spec = args.spec()?;
-        spec.check_one_rank_per_process()?;
         let (rank, device) = process_rank(rank, device, spec.ranks)?;
         Ok((spec, rank, device))
     }
@@ -298,7 +297,7 @@ pub(crate) mod bindings {
             Ok(Layer(Mutex::new(layer)))
         }
 
-        /// Rank `rank` of a world of `num_ranks` processes (one rank each, the fused kind), on
+        /// Rank `rank` of a world of `num_ranks` processes (one rank each, either kind), on
         /// CUDA device `device`; `all_gather(bytes) -> list[bytes]` swaps the symmetric
         /// buffers' handles when the weights are loaded, and is called by every process in the
         /// same order. The other arguments are `Layer`'s. Arguments are checked (ValueError
@@ -484,11 +483,7 @@ mod tests {
         assert_eq!(value(&args, 2, 0), "rank: 2 is not below num_ranks = 2");
         assert!(value(&args, -1, 0).starts_with("rank: "));
         assert!(value(&args, 0, -1).starts_with("device: "));
-        let split = value(&tiny("split"), 0, 0);
-        assert!(
-            split.contains("`kind` = split") && split.contains("fused kind only"),
-            "{split}"
-        );
+        assert_eq!(GpuLayer::rank_config(&tiny("split"), 1, 0).unwrap().1, 1);
         let hidden = LayerArgs {
             hidden: 100,
             ..tiny("fused")

@@ -1,10 +1,10 @@
-//! `megamoe ep-procs`: dispatch/combine and the fused MoE layer with one process per rank (as
-//! under torchrun), every process on one GPU (`--device`) or rank r on GPU r mod the visible
-//! GPUs. Each case starts R copies of this binary (`megamoe ep-rank`, hidden), which swap their
-//! symmetric buffers' handles through files in a fresh directory and each run, on its own rank,
-//! either the rounds of the selftest's `ep.bitwise.r{R}` (bit for bit against the CPU reference)
-//! or a fused layer call (`megamoe_layer::selftest::fused_rank_check`: bit-equal to the same
-//! batch on virtual ranks in one process, within 1e-4 of the CPU reference). More cases check
+//! `megamoe ep-procs`: dispatch/combine and the MoE layer (fused and split) with one process per
+//! rank (as under torchrun), every process on one GPU (`--device`) or rank r on GPU r mod the
+//! visible GPUs. Each case starts R copies of this binary (`megamoe ep-rank`, hidden), which
+//! swap their symmetric buffers' handles through files in a fresh directory and each run, on
+//! its own rank, either the rounds of the selftest's `ep.bitwise.r{R}` (bit for bit against the
+//! CPU reference) or a layer call (`megamoe_layer::selftest::layer_rank_check`: bit-equal to
+//! the same batch on virtual ranks in one process, within 1e-4 of the CPU reference). More cases check
 //! that a missing peer fails the others within the deadline, naming it: a peer that never
 //! starts, and one that joins the world but never calls (dispatch/combine and the layer).
 
@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use megamoe_cuda::FileRendezvous;
 use megamoe_ep::selftest::{every_round, small};
 use megamoe_ep::{EpConfig, EpWorld, RowDtype};
-use megamoe_layer::selftest::{fused_rank_check, fused_rank_kernel};
+use megamoe_layer::selftest::{fused_rank_kernel, layer_rank_check};
+use megamoe_layer::Kind;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -58,6 +59,8 @@ pub enum Work {
     EpFp8,
     /// One call of the fused layer.
     Layer,
+    /// One call of the split layer.
+    LayerSplit,
 }
 
 impl Work {
@@ -66,6 +69,7 @@ impl Work {
             Work::EpBf16 => "ep-bf16",
             Work::EpFp8 => "ep-fp8",
             Work::Layer => "layer",
+            Work::LayerSplit => "layer-split",
         }
     }
 }
@@ -86,9 +90,14 @@ pub fn run_rank(a: &RankArgs) -> Result<(), Box<dyn std::error::Error>> {
     let dtype = match a.work {
         Work::EpBf16 => RowDtype::Bf16,
         Work::EpFp8 => RowDtype::Fp8,
-        Work::Layer => {
+        Work::Layer | Work::LayerSplit => {
+            let kind = match a.work {
+                Work::Layer => Kind::Fused,
+                _ => Kind::Split,
+            };
             let exchange = Box::new(exchange);
-            let report = fused_rank_check(a.rank, a.ranks, a.device, deadline, exchange, a.idle)?;
+            let report =
+                layer_rank_check(kind, a.rank, a.ranks, a.device, deadline, exchange, a.idle)?;
             println!("{report}");
             return Ok(());
         }
@@ -189,7 +198,7 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let every_rank =
         |n: usize| -> Vec<Proc> { (0..n).map(|rank| Proc { rank, idle: false }).collect() };
     for &n in &args.ranks {
-        for work in [Work::EpBf16, Work::EpFp8, Work::Layer] {
+        for work in [Work::EpBf16, Work::EpFp8, Work::Layer, Work::LayerSplit] {
             let name = format!("procs.r{n}.{}", work.name());
             failed += case.run(&name, n, work, DEADLINE_MS, &every_rank(n), |o| {
                 match o.iter().find(|o| !o.ok()) {

@@ -159,10 +159,10 @@ fn against_reference(
     }
 }
 
-/// The shape of [`fused_rank_check`].
+/// The shape of [`layer_rank_check`].
 const RANK_CHECK_PRESET: &str = "tiny";
 
-/// The kernel [`fused_rank_check`] runs (a driver compiles it once before starting the processes).
+/// The fused kernel [`layer_rank_check`] runs (a driver compiles it once before starting the processes).
 pub fn fused_rank_kernel() -> megamoe_cuda::KernelSpec {
     let spec = LayerSpec::new(shape(RANK_CHECK_PRESET, None), 2, 1);
     crate::kernel::fused_spec(spec.group, false)

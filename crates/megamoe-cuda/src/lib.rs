@@ -78,7 +78,7 @@ pub use device::{
 pub use error::{Error, Result};
 pub use jit::{CompiledKernel, KernelSpec};
 pub use quant::Quantizer;
-pub use ranks::{AllGather, Rank, SymmetricBuffer, World};
+pub use ranks::{check_rank, AllGather, Rank, SymmetricBuffer, World};
 pub use rendezvous::FileRendezvous;
 pub use tma::{Swizzle, TensorMap, TiledMap, TmaDtype};
 pub use wait::{Wait, WaitNames, WaitRecord};

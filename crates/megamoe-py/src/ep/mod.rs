@@ -580,19 +580,24 @@ impl World {
 mod tests {
     use super::*;
 
-    #[test]
-    fn bad_world_arguments_are_value_errors_before_any_gpu_is_touched() {
-        let args = WorldArgs {
+    /// A world of 2 ranks that every check accepts, of `dtype`.
+    fn small(dtype: &str) -> WorldArgs<'_> {
+        WorldArgs {
             num_ranks: 2,
             num_experts: 64,
             num_topk: 6,
             hidden: 512,
             num_max_tokens_per_rank: 128,
             max_pad_multiple: 128,
-            dtype: "bf16",
+            dtype,
             num_sms: None,
             deadline_ms: None,
-        };
+        }
+    }
+
+    #[test]
+    fn bad_world_arguments_are_value_errors_before_any_gpu_is_touched() {
+        let args = small("bf16");
         assert!(args.config().is_ok());
         let value = |a: WorldArgs| match a.config() {
             Err(Error::Value(m)) => m,
@@ -623,17 +628,7 @@ mod tests {
 
     #[test]
     fn a_process_ranks_arguments_are_value_errors_before_any_gpu_is_touched() {
-        let args = WorldArgs {
-            num_ranks: 2,
-            num_experts: 64,
-            num_topk: 6,
-            hidden: 512,
-            num_max_tokens_per_rank: 128,
-            max_pad_multiple: 128,
-            dtype: "fp8",
-            num_sms: None,
-            deadline_ms: None,
-        };
+        let args = small("fp8");
         assert!(World::rank_config(&args, 1, 0).is_ok());
         let value = |a: &WorldArgs, rank, device| match World::rank_config(a, rank, device) {
             Err(Error::Value(m)) => m,

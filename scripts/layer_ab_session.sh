@@ -33,10 +33,11 @@ done
 echo "session: $(( $(date +%s) - start )) s"
 for i in "${!bins[@]}"; do echo "${arms[$i]}: ${bins[$i]}"; done
 # The bench prints its table (tokens first, fused µs in column 7) and then the timeline (tokens
-# first, L1 K loop + epilogue in columns 12-13 and the median K loop in 14, L2 in 19-21).
+# first, the wait and combine phases in columns 5-6, L1 K loop + epilogue in columns 12-13 and
+# the median K loop in 14, L2 in 19-21, the tokens combined early in 23).
 for f in "$out"/flash32_*.txt "$out"/pro48_*.txt; do
   echo "== $(basename "$f" .txt)"
   awk '/^ tokens +slots/ {t = 1; next} /^fused timeline/ {t = 0; l = 1; next} /^each phase/ {l = 0}
        t && NF > 8 {printf "  T %5s  split %8s  fused %8s  f/split %s\n", $1, $3, $7, $8}
-       l && $1 ~ /^[0-9]+$/ {printf "  T %5s  L1 %s + %s (med %s)  L2 %s + %s (med %s)\n", $1, $12, $13, $14, $19, $20, $21}' "$f"
+       l && $1 ~ /^[0-9]+$/ {printf "  T %5s  L1 %s + %s (med %s)  L2 %s + %s (med %s)  wait %s combine %s early %s\n", $1, $12, $13, $14, $19, $20, $21, $5, $6, $23}' "$f"
 done

@@ -17,8 +17,8 @@
 use std::sync::Arc;
 
 use half::bf16;
-use megamoe_core::plan::rules::{call_order, Order, RingSizing};
-use megamoe_core::plan::{Kernel, SymmetricLayout};
+use megamoe_core::plan::rules::{call_order, Order, RingSizing, SLOT_ROWS};
+use megamoe_core::plan::{Kernel, StreamParams, SymmetricLayout, Task, TaskKind};
 use megamoe_core::weights::RankWeightsFp8;
 use megamoe_core::Error;
 use megamoe_cuda::wait::{deadline_ns, DEFAULT_DEADLINE};
@@ -134,7 +134,7 @@ impl Default for FusedOptions {
 }
 
 /// Bytes of the device's `CtaTrace` and `TaskTrace` (impls/fused_trace.cuh).
-const CTA_TRACE_BYTES: usize = 48;
+const CTA_TRACE_BYTES: usize = 56;
 const TASK_TRACE_BYTES: usize = 80;
 
 /// Where one call's time went on one rank, from the traced kernel's timeline (µs).
@@ -149,6 +149,9 @@ pub struct TraceReport {
     pub kinds: [KindTrace; 2],
     /// Σ mainloop / Σ (tasks phase) over the consumer warpgroups: how busy the tensor cores' feeders were.
     pub mainloop_share: f64,
+    /// Tokens combined early: by CTAs done with their tasks, while they waited for every rank's
+    /// rows (counted in the wait phase), over all CTAs.
+    pub combined_early: u64,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -325,8 +328,11 @@ impl FusedLayer {
         let el = spec.shape.local_experts(spec.ranks);
         let sms = world.ranks()[0].gpu.props().sm_count as usize;
         let ctas = comm_sms(options.ctas, world.ranks().len(), world.gpu_count(), sms);
+        // A programmatic dependent launch: the kernel's set-up runs while the previous kernel on
+        // the stream (the quantizer, or the last call) finishes; it waits for it before reading.
         let launch = LaunchConfig::new(ctas as u32, FUSED_THREADS)
-            .with_dynamic_smem(fused_smem_bytes(spec.group) as u32);
+            .with_dynamic_smem(fused_smem_bytes(spec.group) as u32)
+            .with_pdl(true);
         let compiled = jit::compile(&fused_spec(spec.group, probe))?;
         let kernels = world.load(&compiled)?;
         let buffers = world.alloc_symmetric(layout.total_bytes as usize)?;
@@ -447,6 +453,8 @@ impl FusedLayer {
                     off_blocks: off("blocks"),
                     off_segments: off("segments"),
                     off_block_flags: off("block_flags"),
+                    off_expert_l2: off("expert_l2"),
+                    off_expert_done: off("expert_done"),
                     off_grid_barrier: off("grid_barrier"),
                     off_combine: off("combine"),
                     y: y.ptr(),
@@ -790,6 +798,48 @@ impl FusedLayer {
         Ok(h)
     }
 
+    /// Rank `rank`'s plan of the last finished call as its kernel built it, in megamoe-core's
+    /// terms: the stream params of `staged`'s order and ring, each m-block's (local expert, first
+    /// row, rows), and the task stream the segments expand to. What `Stream::build` gives for
+    /// the same rows (the selftest compares them).
+    pub(crate) fn device_stream(
+        &self,
+        rank: usize,
+        staged: &FusedStaged,
+    ) -> Result<(StreamParams, Vec<[u32; 3]>, Vec<Task>)> {
+        let [n_blocks, n_segments, _, _] = self.plan_header(rank)?;
+        let buf = self.buffers.local(rank);
+        let mut blocks = vec![0u32; 4 * n_blocks as usize];
+        buf.download_into(region(&self.layout, "blocks") as usize, &mut blocks)?;
+        let mut segments = vec![0u32; 4 * n_segments as usize];
+        buf.download_into(region(&self.layout, "segments") as usize, &mut segments)?;
+        let r = &self.local(rank).params.r;
+        let (n1, n2) = (r.n1 as u32, r.n2 as u32);
+        let mut tasks = Vec::new();
+        for seg in segments.chunks_exact(4) {
+            let (kind, n_blocks) = match seg[0] {
+                0 => (TaskKind::L1, n1),
+                _ => (TaskKind::L2, n2),
+            };
+            for n in 0..n_blocks {
+                tasks.extend((seg[1]..seg[1] + seg[2]).map(|block| Task { kind, block, n }));
+            }
+        }
+        let order = match staged.lag_units() {
+            Some(lag_units) => Order::Lagged { lag_units },
+            None => Order::SingleWave,
+        };
+        let params = StreamParams::fused(
+            order,
+            SLOT_ROWS,
+            n1 as usize,
+            n2 as usize,
+            staged.ring_slots,
+        );
+        let blocks = blocks.chunks_exact(4).map(|b| [b[0], b[1], b[2]]).collect();
+        Ok((params, blocks, tasks))
+    }
+
     /// Where rank `rank`'s last finished call spent its time (a layer built with
     /// [`FusedOptions::trace`]).
     pub fn trace_report(&self, rank: usize) -> Result<TraceReport> {
@@ -858,27 +908,30 @@ pub struct FusedGraph {
     staged: FusedStaged,
 }
 
-/// The report of one timeline: `words` = [ctas] CtaTrace then [ctas][per_cta] TaskTrace, as u64
-/// (a TaskTrace's last word holds kind and block; slots never written are zero).
+/// The report of one timeline: `words` = [ctas] CtaTrace (6 times, then the tokens combined
+/// early) then [ctas][per_cta] TaskTrace, as u64 (a TaskTrace's last word holds kind and block;
+/// slots never written are zero).
 fn trace_report(words: &[u64], ctas: usize, per_cta: usize) -> TraceReport {
-    let cta = |c: usize| &words[c * 6..c * 6 + 6];
+    const CTA_WORDS: usize = CTA_TRACE_BYTES / 8;
+    let cta = |c: usize| &words[c * CTA_WORDS..(c + 1) * CTA_WORDS];
     let us = |a: u64, b: u64| b.saturating_sub(a) as f64 * 1e-3;
     let mut phases = [const { Vec::new() }; 5];
+    let mut report = TraceReport::default();
     for c in 0..ctas {
         let t = cta(c);
         for (p, v) in phases.iter_mut().enumerate() {
             v.push(us(t[p], t[p + 1]));
         }
+        report.combined_early += t[6];
     }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v.get(v.len() / 2).copied().unwrap_or(0.0)
     };
-    let mut report = TraceReport::default();
     for (p, v) in phases.iter_mut().enumerate() {
         report.phases_us[p] = median(v);
     }
-    let tasks = &words[ctas * 6..];
+    let tasks = &words[ctas * CTA_WORDS..];
     let (mut mainloop_total, mut busy_total) = (0.0, 0.0);
     let mut mainloops = [Vec::new(), Vec::new()];
     for c in 0..ctas {
@@ -976,10 +1029,11 @@ pub(crate) mod tests {
     #[test]
     fn a_timeline_reads_as_phases_and_per_kind_means() {
         // Two CTAs, two task slots each; CTA 1 ran one task. Times in ns.
+        // Each CTA: 6 phase times, then the tokens it combined early.
         let (ctas, per_cta) = (2, 2);
-        let mut w = vec![0u64; ctas * 6 + ctas * per_cta * 10];
-        w[..6].copy_from_slice(&[0, 1_000, 3_000, 103_000, 104_000, 110_000]);
-        w[6..12].copy_from_slice(&[0, 1_000, 3_000, 53_000, 104_000, 110_000]);
+        let mut w = vec![0u64; ctas * 7 + ctas * per_cta * 10];
+        w[..7].copy_from_slice(&[0, 1_000, 3_000, 103_000, 104_000, 110_000, 0]);
+        w[7..14].copy_from_slice(&[0, 1_000, 3_000, 53_000, 104_000, 110_000, 5]);
         let task = |wait: [u64; 3], wg0: [u64; 3], wg1: [u64; 3], kind: u64| {
             let mut t = vec![wait[0], wait[1], wait[2]];
             t.extend(wg0);
@@ -987,7 +1041,7 @@ pub(crate) mod tests {
             t.push(kind | 7 << 32);
             t
         };
-        let base = ctas * 6;
+        let base = ctas * 7;
         // CTA 0: an L1 task (40 µs mainloop, 5 µs epilogue), then an L2 task after a 2 µs gap.
         w[base..base + 10].copy_from_slice(&task(
             [3_000, 4_000, 4_500],
@@ -1012,6 +1066,8 @@ pub(crate) mod tests {
         assert_eq!(r.phases_us[0], 1.0);
         assert_eq!(r.phases_us[1], 2.0);
         assert_eq!(r.phases_us[2], 100.0); // median of 100 and 50
+        assert_eq!(r.phases_us[3], 51.0); // median of 1 and 51
+        assert_eq!(r.combined_early, 5);
         assert_eq!((r.kinds[0].tasks, r.kinds[1].tasks), (2, 1));
         assert_eq!(r.kinds[0].producer_wait_us, 0.5);
         assert_eq!(r.kinds[0].mainloop_us, 40.0);

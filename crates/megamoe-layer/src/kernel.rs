@@ -91,6 +91,8 @@ pub struct FusedRegions {
     pub off_blocks: u64,
     pub off_segments: u64,
     pub off_block_flags: u64,
+    pub off_expert_l2: u64,
+    pub off_expert_done: u64,
     pub off_grid_barrier: u64,
     pub off_combine: u64,
     /// bf16 `[T, H]` output (local).
@@ -158,16 +160,17 @@ pub const FUSED_CORRUPT_COUNT: u32 = 4;
 /// The rank sleeps `sleep_ns` before publishing its routing, then goes on.
 pub const FUSED_SLOW_PEER: u32 = 5;
 
-const _: () = assert!(std::mem::size_of::<FusedRegions>() == 32 * 8 + 16 * 4);
-const _: () = assert!(std::mem::offset_of!(FusedRegions, y) == 8 * (8 + 20));
-const _: () = assert!(std::mem::offset_of!(FusedRegions, rank) == 256);
-const _: () = assert!(std::mem::offset_of!(FusedRegions, max_segments) == 316);
-const _: () = assert!(std::mem::size_of::<FusedParams>() == 448 * 2 + 64 + 320);
-const _: () = assert!(std::mem::offset_of!(FusedProbeParams, trace) == 1280);
-const _: () = assert!(std::mem::offset_of!(FusedProbeParams, fault) == 1292);
-const _: () = assert!(std::mem::offset_of!(FusedProbeParams, sleep_ns) == 1296);
-// 1280 + 24, rounded up to the struct's 64-byte alignment.
-const _: () = assert!(std::mem::size_of::<FusedProbeParams>() == 1344);
+const _: () = assert!(std::mem::size_of::<FusedRegions>() == 34 * 8 + 16 * 4);
+const _: () = assert!(std::mem::offset_of!(FusedRegions, y) == 8 * (8 + 22));
+const _: () = assert!(std::mem::offset_of!(FusedRegions, rank) == 272);
+const _: () = assert!(std::mem::offset_of!(FusedRegions, max_segments) == 332);
+// 448 · 2 + 64 + 336, rounded up to the struct's 64-byte alignment.
+const _: () = assert!(std::mem::size_of::<FusedParams>() == 1344);
+const _: () = assert!(std::mem::offset_of!(FusedProbeParams, trace) == 1344);
+const _: () = assert!(std::mem::offset_of!(FusedProbeParams, fault) == 1356);
+const _: () = assert!(std::mem::offset_of!(FusedProbeParams, sleep_ns) == 1360);
+// 1344 + 24, rounded up to the struct's 64-byte alignment.
+const _: () = assert!(std::mem::size_of::<FusedProbeParams>() == 1408);
 const _: () = assert!(std::mem::offset_of!(FusedParams, swiglu) == 896);
 const _: () = assert!(std::mem::offset_of!(FusedParams, r) == 960);
 // SAFETY: plain data (tensor maps, integers, floats), sizes and offsets asserted above and in

@@ -12,6 +12,7 @@
 //! in the same process is correct.
 
 use half::bf16;
+use megamoe_core::plan::{Loads, Stream};
 use megamoe_core::preset::Shape;
 use megamoe_core::routing::{generate_world, RoutingKind, RoutingSpec};
 use megamoe_core::{diff, fused_layer, LayerOptions, Preset, WeightGen, WorldInputs};
@@ -20,7 +21,7 @@ use megamoe_cuda::selftest::{every_other_rank_names, Check};
 use megamoe_cuda::AllGather;
 use megamoe_ep::{FaultKind, InjectedFault};
 
-use crate::fused::{Fault, FusedLayer, FusedOptions};
+use crate::fused::{Fault, FusedLayer, FusedOptions, FusedStaged};
 use crate::inputs::{bf16_inputs, fp8_inputs, quantize_inputs, spec_for};
 use crate::layer::MoeLayer;
 use crate::spec::{Kind, LayerSpec};
@@ -475,6 +476,7 @@ fn ring_wraps(ranks: usize, tokens: usize) -> Check {
                 };
                 fused.launch(&staged).map_err(err)?;
                 fused.finish().map_err(err)?;
+                plan_matches(&fused, &staged, &world)?;
                 let got = fused.outputs(&staged).map_err(err)?;
                 let want = split.forward(&inputs, None).map_err(err)?;
                 if got != want {
@@ -486,6 +488,7 @@ fn ring_wraps(ranks: usize, tokens: usize) -> Check {
                 }
                 full_pool.launch(&staged_full).map_err(err)?;
                 full_pool.finish().map_err(err)?;
+                plan_matches(&full_pool, &staged_full, &world)?;
                 if full_pool.outputs(&staged_full).map_err(err)? != got {
                     return Err(format!(
                         "call {call} ({kind}): the ring and the full pool give other bits"
@@ -514,11 +517,46 @@ fn ring_wraps(ranks: usize, tokens: usize) -> Check {
                 return Err(format!("diff {d:.3e} against the CPU reference"));
             }
             Ok(format!(
-                "{}; bits equal to split and to the full pool; diff {d:.2e}",
+                "{}; bits equal to split and to the full pool; every plan the planner's; diff {d:.2e}",
                 notes.join(", ")
             ))
         }),
     }
+}
+
+/// The plan the kernel built on every rank for `layer`'s last call (m-blocks and task stream)
+/// equals megamoe-core's `Stream::build` for the call's rows.
+fn plan_matches(
+    layer: &FusedLayer,
+    staged: &FusedStaged,
+    world: &WorldInputs,
+) -> Result<(), String> {
+    let loads = Loads::from_world(world).map_err(err)?;
+    for r in layer.local_ranks() {
+        let (params, blocks, tasks) = layer.device_stream(r, staged).map_err(err)?;
+        let want = Stream::build(params, &loads.expert_rows(r));
+        let want_blocks: Vec<[u32; 3]> = want
+            .blocks
+            .iter()
+            .map(|b| [b.expert as u32, b.first_row as u32, b.rows as u32])
+            .collect();
+        if blocks != want_blocks {
+            return Err(format!(
+                "rank {r}: the kernel's {} m-blocks are not the planner's {}",
+                blocks.len(),
+                want_blocks.len()
+            ));
+        }
+        if tasks != want.tasks {
+            let at = tasks.iter().zip(&want.tasks).position(|(a, b)| a != b);
+            return Err(format!(
+                "rank {r}: the kernel's stream of {} tasks is not the planner's {} (first difference at {at:?})",
+                tasks.len(),
+                want.tasks.len()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Bounds that differ between ranks, or one below a rank's T, reach the device (as from

@@ -223,7 +223,7 @@ fn fused_regions(
     let segments = fused_max_segments(shape, ranks, t);
     let mut c = Regions::default();
     push_signals(&mut c);
-    let parts: [(&'static str, String, usize); 19] = [
+    let parts: [(&'static str, String, usize); 21] = [
         (
             "x",
             format!("e4m3 [{t}, {h}]: input tokens, pulled by peers"),
@@ -303,6 +303,16 @@ fn fused_regions(
             "block_flags",
             format!("[{blocks}] x 16 B: rows pulled, L1 and L2 tasks done"),
             blocks * PLAN_ENTRY_BYTES,
+        ),
+        (
+            "expert_l2",
+            format!("u32 [{local}, 2]: per local expert, L2 warpgroup-tasks done and owed"),
+            local * 8,
+        ),
+        (
+            "expert_done",
+            format!("u64 [{e}]: the call in which each expert's rank wrote its last L2 rows (written by that rank)"),
+            e * 8,
         ),
         (
             "grid_barrier",

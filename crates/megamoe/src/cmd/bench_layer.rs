@@ -159,13 +159,13 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     if args.trace {
         println!(
             "fused timeline, rank 0 (us; phases are medians over CTAs, task columns means per task, \
-             ml med the median mainloop of a warpgroup):"
+             ml med the median mainloop of a warpgroup, early the tokens combined while the CTAs waited):"
         );
         println!(
-            "{:>7} {:>8} {:>8} {:>9} {:>8} {:>8} {:>6} | {:>6} {:>8} {:>6} {:>9} {:>9} {:>7} | {:>6} {:>8} {:>6} {:>9} {:>9} {:>7}",
+            "{:>7} {:>8} {:>8} {:>9} {:>8} {:>8} {:>6} | {:>6} {:>8} {:>6} {:>9} {:>9} {:>7} | {:>6} {:>8} {:>6} {:>9} {:>9} {:>7} | {:>6}",
             "tokens", "routing", "plan", "tasks", "wait", "combine", "busy",
             "L1 n", "p.wait", "gap", "mainloop", "epilogue", "ml med",
-            "L2 n", "p.wait", "gap", "mainloop", "epilogue", "ml med"
+            "L2 n", "p.wait", "gap", "mainloop", "epilogue", "ml med", "early"
         );
         for r in &rows {
             let Some(t) = r.fused.as_ref().and_then(|f| f.trace.as_ref()) else {
@@ -173,7 +173,7 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             };
             let [a, b] = t.kinds;
             println!(
-                "{:>7} {:>8.1} {:>8.1} {:>9.1} {:>8.1} {:>8.1} {:>6.3} | {:>6} {:>8.2} {:>6.2} {:>9.2} {:>9.2} {:>7.2} | {:>6} {:>8.2} {:>6.2} {:>9.2} {:>9.2} {:>7.2}",
+                "{:>7} {:>8.1} {:>8.1} {:>9.1} {:>8.1} {:>8.1} {:>6.3} | {:>6} {:>8.2} {:>6.2} {:>9.2} {:>9.2} {:>7.2} | {:>6} {:>8.2} {:>6.2} {:>9.2} {:>9.2} {:>7.2} | {:>6}",
                 r.tokens,
                 t.phases_us[0],
                 t.phases_us[1],
@@ -192,7 +192,8 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                 b.gap_us,
                 b.mainloop_us,
                 b.epilogue_us,
-                b.mainloop_median_us
+                b.mainloop_median_us,
+                t.combined_early
             );
         }
     }

@@ -18,8 +18,7 @@ MEGAMOE_PARAMS_LAYOUT(LaunchCheckParams, 16, 8);
 
 __device__ __forceinline__ void launch_check(const LaunchCheckParams& p) {
   extern __shared__ u32 words[];
-  // With programmatic dependent launch this waits for the previous kernel; without, it returns.
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  ptx::grid_dependency_wait();
   for (u32 i = threadIdx.x; i < p.smem_words; i += blockDim.x) words[i] = i * 3 + blockIdx.x;
   __syncthreads();
   if (threadIdx.x == 0) {

@@ -80,6 +80,16 @@ __device__ __forceinline__ u64 ld_acquire_sys(const u64* p) {
   return v;
 }
 
+// A flag read with no ordering of its own: several can be in flight at once; a reader that acts
+// on what it saw follows them with fence_acq_rel_sys (together, an acquire).
+__device__ __forceinline__ u64 ld_relaxed_sys(const u64* p) {
+  u64 v;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+
 __device__ __forceinline__ void st_release_sys(u64* p, u64 v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
@@ -107,6 +117,14 @@ __device__ __forceinline__ u32 ld_acquire_gpu_u32(const u32* p) {
 
 __device__ __forceinline__ void red_release_gpu_add_u32(u32* p, u32 v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// Adds to a counter and returns its value before: acquires the adds before it, releases this
+// thread's (and what it acquired) to the adds after it.
+__device__ __forceinline__ u32 atomic_add_acq_rel_gpu_u32(u32* p, u32 v) {
+  u32 old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
 }
 
 // Brings the line holding `p` into L1 ahead of a load that will need it.

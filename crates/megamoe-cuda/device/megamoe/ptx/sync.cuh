@@ -68,4 +68,14 @@ __device__ __forceinline__ u32 ctaid_x() {
     return v;
 }
 
+// Programmatic dependent launch: waits until the kernels this launch depends on have completed
+// and their writes are visible; without the launch attribute it returns at once. Nothing in
+// global memory may be read or written before it.
+__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+// Lets the next kernel on the stream, if it was launched as a programmatic dependent, be
+// scheduled once every CTA of this grid has issued this or exited (its own wait still waits for
+// this grid to complete).
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
 }  // namespace megamoe::ptx

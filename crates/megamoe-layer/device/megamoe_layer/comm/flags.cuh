@@ -33,6 +33,24 @@ __device__ __forceinline__ BlockFlags* block_flags(const FusedRegions& r) {
     return reinterpret_cast<BlockFlags*>(reinterpret_cast<char*>(r.peer_base[r.rank]) + r.off_block_flags);
 }
 
+// A local expert's L2 warpgroup-tasks: done (zeroed by every call before its grid barrier, like
+// the block counters) and owed (its m-blocks · n2 · 2, written by the plan).
+struct ExpertL2 {
+    u32 done;
+    u32 owed;
+};
+
+__device__ __forceinline__ ExpertL2* expert_l2(const FusedRegions& r) {
+    return reinterpret_cast<ExpertL2*>(reinterpret_cast<char*>(r.peer_base[r.rank]) + r.off_expert_l2);
+}
+
+// Rank `rank`'s copy of the expert flags: flag e holds the call (epoch) in which expert e's rank
+// finished its L2 rows, so every row of e in that call is in place (written by e's rank, never
+// reset: a later call only raises it).
+__device__ __forceinline__ u64* expert_done(const FusedRegions& r, int rank) {
+    return reinterpret_cast<u64*>(reinterpret_cast<char*>(r.peer_base[rank]) + r.off_expert_done);
+}
+
 // Polls until *flag >= target (acquire), then orders the caller's later TMA loads after it.
 // Between polls the thread sleeps, 32 ns doubling to 1 µs: the pull warps wait on the ring most
 // of a long call, and a tight poll would take issue slots from the math warps of its SM.

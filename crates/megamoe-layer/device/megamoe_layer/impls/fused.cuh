@@ -57,22 +57,44 @@ constexpr u32 kTaskSlots = 4;
 using FusedTaskQueue = TaskQueue<kTaskSlots>;
 
 // Step 1: slot i = t·K + k of this rank naming expert e gets the next position of e's send
-// list. Positions are taken atomically, so a token's row may sit anywhere in its expert's rows;
-// each row's arithmetic is independent of its position, so the output bits are not.
-__device__ void publish_routing(const FusedRegions& r) {
+// list. Each CTA takes a contiguous share of the slots, counts them per expert in shared memory
+// (`scratch`: 2·E words), reserves each expert's run with one global atomic, then places its
+// slots in that run: one global atomic per CTA and expert instead of one per slot, which
+// serialize on an expert's counter. A token's row may sit anywhere in its expert's rows; each
+// row's arithmetic is independent of its position, so the output bits are not.
+__device__ void publish_routing(const FusedRegions& r, u32* scratch) {
     char* me = local_buf(r);
     const i32* idx = reinterpret_cast<const i32*>(me + r.off_topk_idx);
     u32* counts = reinterpret_cast<u32*>(me + r.off_counts);
     u32* send = reinterpret_cast<u32*>(me + r.off_send_list);
-    const u32 n = u32(r.tokens) * r.topk;
-    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const u32 n = u32(r.tokens) * r.topk, E = r.experts;
+    const u32 share = (n + gridDim.x - 1) / gridDim.x;
+    const u32 lo = min(n, blockIdx.x * share), hi = min(n, lo + share);
+    u32* placed = scratch;   // [E] this CTA's slots of e counted, then placed
+    u32* run = scratch + E;  // [E] the first position of this CTA's run in e's send list
+    for (u32 e = threadIdx.x; e < E; e += blockDim.x) placed[e] = 0;
+    __syncthreads();
+    for (u32 i = lo + threadIdx.x; i < hi; i += blockDim.x) {
         const i32 e = idx[i];
-        if (e >= 0 && e < r.experts) send[u64(e) * r.t_cap + atomicAdd(&counts[e], 1u)] = i;
+        if (e >= 0 && e < r.experts) atomicAdd(&placed[e], 1u);
+    }
+    __syncthreads();
+    for (u32 e = threadIdx.x; e < E; e += blockDim.x) {
+        const u32 c = placed[e];
+        run[e] = c != 0 ? atomicAdd(&counts[e], c) : 0;
+        placed[e] = 0;
+    }
+    __syncthreads();
+    for (u32 i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        const i32 e = idx[i];
+        if (e >= 0 && e < r.experts) send[u64(e) * r.t_cap + run[e] + atomicAdd(&placed[e], 1u)] = i;
     }
     if (blockIdx.x == 0 && threadIdx.x == 0) {
         counts[r.experts] = r.tokens;
         counts[r.experts + 1] = r.bound;
     }
+    // The scratch is the ring's first stage, which TMA writes later.
+    ptx::fence_proxy_async_shared();
 }
 
 // Step 2: 0 when every rank passed this rank's bound and none has more tokens, else kBadBound
@@ -138,15 +160,28 @@ __device__ __forceinline__ void finish_slice(u32* slices_done) {
     if (threadIdx.x % 32 == 0) ptx::red_release_cta_shared_add_u32(slices_done, 1);
 }
 
+// An L2 task of local expert j is written (both warpgroups' slices, acquired): its two
+// warpgroup-tasks are counted, and the task that completes the expert raises the expert's flag
+// to this call on every rank (the early combine, comm/combine.cuh). The count is an acq_rel
+// chain over every task of the expert, and the flag a system-scope release after it: whoever
+// acquires the flag sees every row of the expert.
+__device__ void count_expert_task(const FusedRegions& r, u32 j, u64 epoch) {
+    ExpertL2& e = expert_l2(r)[j];
+    if (ptx::atomic_add_acq_rel_gpu_u32(&e.done, 2) + 2 != e.owed) return;
+    const u32 global = u32(r.rank) * (u32(r.experts) / u32(r.ranks)) + j;
+    for (int rank = 0; rank < r.ranks; ++rank) ptx::st_release_sys(expert_done(r, rank) + global, epoch);
+}
+
 // The releaser (warp 11, one lane): walks this CTA's tasks in the consumers' order and, once
 // all four warps of a warpgroup have counted its slice of task j (4·(j+1) in its
 // counter, acquired), raises the block's counter with a gpu-scope release. The release is
 // cumulative: it covers the consumers' writes it acquired, so readers of the block counter
 // see the slice (and order their TMA loads after their acquire, comm/flags.cuh). The consumers
 // never wait for their stores to become visible; this warp does, off their path.
-__device__ void release_slices(const FusedRegions& r, const u32* slices_done, u32 n_tasks) {
+__device__ void release_slices(const FusedRegions& r, const u32* slices_done, u32 n_tasks, u64 epoch) {
     TaskCursor cur(r);
     BlockFlags* flags = block_flags(r);
+    const BlockInfo* blocks = plan_blocks(r);
     u32 j = 0;
     for (u32 i = ptx::ctaid_x(); i < n_tasks; i += gridDim.x, ++j) {
         u32 kind, b, n;
@@ -156,6 +191,7 @@ __device__ void release_slices(const FusedRegions& r, const u32* slices_done, u3
             if (!wait_slices(r, &slices_done[wg], 4 * (j + 1), b)) return;
             ptx::red_release_gpu_add_u32(flag, 1);
         }
+        if (kind == kL2) count_expert_task(r, blocks[b].expert, epoch);
     }
 }
 
@@ -240,26 +276,30 @@ __device__ __forceinline__ void raise_rows_written(const ep::comm::Signals& sig)
     }
 }
 
-// ep::comm::wait_all for kRowsWritten, over the consumer threads only.
-__device__ __forceinline__ bool wait_rows_written(const ep::comm::Signals& sig, u64 epoch, int* s_ok) {
-    if (threadIdx.x == 0) *s_ok = 1;
-    consumers_sync();
-    if (threadIdx.x < sig.ranks) {
-        const u64* f = ep::comm::signal(sig, sig.rank, kRowsWritten, threadIdx.x);
-        const u64 target = epoch * ep::comm::kUnit;
-        const auto deadline = comm::Deadline::after(sig.deadline_ns);
-        u64 v;
-        while ((v = ptx::ld_acquire_sys(f)) < target) {
-            if (deadline.expired()) {
-                comm::report_timeout(sig.wait_record, ep::comm::wait_of(kRowsWritten), sig.rank, threadIdx.x, v,
-                                     target);
-                *s_ok = 0;
-                break;
-            }
+// ep::comm::wait_all for kRowsWritten, by each consumer warp on its own, with the early
+// combine (comm/combine.cuh): until every rank has signalled its L2 rows, the warp combines those
+// of its tokens whose experts have all written theirs (when `run`: this call runs), marking them
+// in `combined`. False when the deadline passed (recorded, naming the rank waited for).
+__device__ bool wait_rows_written(const FusedRegions& r, const ep::comm::Signals& sig, u64 epoch, u32 warp,
+                                  bool run, u32& combined) {
+    const u32 lane = threadIdx.x % 32;
+    const u64 target = epoch * ep::comm::kUnit;
+    const u64* f = ep::comm::signal(sig, sig.rank, kRowsWritten, lane < u32(sig.ranks) ? lane : 0);
+    const auto deadline = comm::Deadline::after(sig.deadline_ns);
+    while (true) {
+        const u64 v = lane < u32(sig.ranks) ? ptx::ld_acquire_sys(f) : target;
+        if (__all_sync(0xffffffffu, v >= target)) break;
+        if (__any_sync(0xffffffffu, deadline.expired())) {
+            if (v < target)
+                comm::report_timeout(sig.wait_record, ep::comm::wait_of(kRowsWritten), sig.rank, lane, v, target);
+            return false;
         }
+        const u32 before = combined;
+        if (run) combined = combine_ready_rows(r, warp, kMathWarps, epoch, combined);
+        if (combined == before) __nanosleep(256);
     }
-    consumers_sync();
-    return *s_ok != 0;
+    __syncwarp();
+    return true;
 }
 
 // kProbe: the probe instantiation, which records the timeline (impls/fused_trace.cuh) when
@@ -280,6 +320,7 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, const FusedProbe
     __shared__ u32 s_bad;
     __shared__ u64 s_epoch;
     __shared__ u32 s_pull_items;
+    __shared__ bool s_run;  // every rank passed the bounds and the plan fits: run the tasks
     __shared__ u32 s_slices_done[2];  // per consumer warpgroup: warp-slices written (finish_slice)
     __shared__ FusedTaskQueue s_tasks;
     const FusedRegions& r = p.r;
@@ -287,7 +328,7 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, const FusedProbe
                                 reinterpret_cast<comm::WaitRecord*>(r.wait_record), r.rank, r.ranks};
     const u32 warp = ptx::warp_index_uniform();
     const bool tracer = kProbe && probe.trace != 0 && threadIdx.x == 0;
-    if (tracer) cta_trace(probe.trace)->start = ptx::globaltimer_ns();
+    const u64 start_ns = tracer ? ptx::globaltimer_ns() : 0;
     const u32 my_fault = kProbe && u32(p.r.rank) == probe.fault_rank ? probe.fault : u32(kNoFault);
 
     if (threadIdx.x == kMathWarps * 32) {
@@ -307,11 +348,18 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, const FusedProbe
         s_tasks.init(kMathWarps);
         ptx::fence_barrier_init();
     }
+    // The launch is a programmatic dependent (src/fused.rs): everything above overlapped the
+    // previous kernel on the stream; nothing in global memory is touched before it completes.
+    ptx::grid_dependency_wait();
+    if (tracer) {
+        cta_trace(probe.trace)->start = start_ns;
+        cta_trace(probe.trace)->combined_early = 0;
+    }
 
     // 1. Routing.
     const u64 epoch = ep::comm::read_epoch(sig, kFusedFamily, &s_epoch);
     if (my_fault == kSlowPeer) ep::comm::sleep_for(probe.sleep_ns);
-    publish_routing(r);
+    publish_routing(r, reinterpret_cast<u32*>(base));
     // The thread that published T overwrites it.
     if (my_fault == kCorruptCount && blockIdx.x == 0 && threadIdx.x == 0)
         reinterpret_cast<u32*>(local_buf(r) + r.off_counts)[r.experts] = u32(r.t_cap) + 1;
@@ -334,14 +382,20 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, const FusedProbe
         u32* words = reinterpret_cast<u32*>(block_flags(r));
         const u32 n = u32(r.max_blocks) * 4;
         for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) words[i] = 0;
+        ExpertL2* experts = expert_l2(r);
+        const u32 local = u32(r.experts) / u32(r.ranks);
+        for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < local; i += gridDim.x * blockDim.x) experts[i].done = 0;
     }
     if (!grid_barrier(r, epoch, &s_ok)) return;
     if (tracer) cta_trace(probe.trace)->planned = ptx::globaltimer_ns();
     PlanHeader h = *plan_header(r);
     if (my_fault == kStopMidTasks) h.n_tasks /= 2;
-    const bool run = s_bad == 0 && h.status == 0;
-    if (threadIdx.x == 0) s_pull_items = h.n_blocks * kBlockM;
+    if (threadIdx.x == 0) {
+        s_pull_items = h.n_blocks * kBlockM;
+        s_run = s_bad == 0 && h.status == 0;
+    }
     __syncthreads();
+    const bool run = s_run;
     if (blockIdx.x == 0 && threadIdx.x == 0 && s_bad == 0 && h.status != 0)
         ep::comm::record_error(sig, h.status, 0, r.rank, h.n_blocks, r.ring_slots);
 
@@ -353,7 +407,7 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, const FusedProbe
             if (warp == kMathWarps) {
                 if (threadIdx.x % 32 == 0) produce<kStages, kProbe>(p, probe, s1, s2, h.n_tasks, s_tasks);
             } else if (warp == kReleaserWarp) {
-                if (threadIdx.x % 32 == 0) release_slices(r, s_slices_done, h.n_tasks);
+                if (threadIdx.x % 32 == 0) release_slices(r, s_slices_done, h.n_tasks, epoch);
             } else {
                 pull_rows(r, ptx::ctaid_x() * kPullWarps + (warp - kMathWarps - 1), gridDim.x * kPullWarps,
                           s_pull_items);
@@ -368,11 +422,17 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, const FusedProbe
     if (my_fault == kStopMidTasks || my_fault == kStopMidCombine) return;
     if (tracer) cta_trace(probe.trace)->tasks_done = ptx::globaltimer_ns();
 
-    // 4. Combine.
+    // 4. Combine. Every CTA of the grid is resident (it passed the grid barrier), so the next
+    // kernel on the stream may be scheduled onto the SMs this grid frees as it exits.
+    if (threadIdx.x == 0) ptx::launch_dependents();
     raise_rows_written(sig);
-    if (!wait_rows_written(sig, epoch, &s_ok)) return;
+    // s_run read again: a register would be held across the consumers' whole task loop.
+    u32 combined = 0;
+    if (!wait_rows_written(r, sig, epoch, warp, s_run, combined)) return;
     if (tracer) cta_trace(probe.trace)->rows_written = ptx::globaltimer_ns();
-    if (run) combine_rows(r, warp, kMathWarps);
+    if (kProbe && probe.trace != 0 && threadIdx.x % 32 == 0)
+        atomicAdd(reinterpret_cast<unsigned long long*>(&cta_trace(probe.trace)->combined_early), __popc(combined));
+    if (s_run) combine_rows(r, warp, kMathWarps, combined);
     {
         u32* counts = reinterpret_cast<u32*>(local_buf(r) + r.off_counts);
         const u32 threads = kMathWarps * 32;

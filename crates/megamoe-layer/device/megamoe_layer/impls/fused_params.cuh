@@ -22,7 +22,10 @@ struct FusedRegions {
     u64 off_x, off_x_scales, off_topk_idx, off_topk_weights;  // this call's inputs (peers read)
     u64 off_counts, off_send_list;  // the routing as published (peers read)
     u64 off_l1_pool, off_l1_scales, off_ring_weights, off_row_dest;  // the ring (l2 pool: swiglu)
-    u64 off_plan, off_src_base, off_blocks, off_segments, off_block_flags, off_grid_barrier;
+    u64 off_plan, off_src_base, off_blocks, off_segments, off_block_flags;
+    u64 off_expert_l2;    // per local expert: L2 warpgroup-tasks done and owed (comm/flags.cuh)
+    u64 off_expert_done;  // [E] the call in which each expert's last L2 rows were written
+    u64 off_grid_barrier;
     u64 off_combine;  // [t_cap, K, H] bf16 rows the experts' ranks write back
     u64 y;            // this rank's output, bf16 [T, H] (local)
     u64 wait_record;  // this rank's megamoe::comm::WaitRecord
@@ -70,9 +73,9 @@ struct FusedProbeParams {
     FusedProbe probe;
 };
 
-MEGAMOE_PARAMS_LAYOUT(FusedRegions, 32 * 8 + 16 * 4, 8);
-MEGAMOE_PARAMS_LAYOUT(FusedParams, 448 * 2 + 64 + 320, 64);
-MEGAMOE_PARAMS_LAYOUT(FusedProbeParams, 1344, 64);  // 1280 + 24, rounded up to the alignment
+MEGAMOE_PARAMS_LAYOUT(FusedRegions, 34 * 8 + 16 * 4, 8);
+MEGAMOE_PARAMS_LAYOUT(FusedParams, 1344, 64);       // 448 · 2 + 64 + 336, rounded up to the alignment
+MEGAMOE_PARAMS_LAYOUT(FusedProbeParams, 1408, 64);  // 1344 + 24, rounded up to the alignment
 
 // Error codes of the buffer's error record (megamoe-core's layout; ep::ErrorRecord's shape).
 enum FusedError : u32 { kBadBound = 4, kRingOverflow = 5 };

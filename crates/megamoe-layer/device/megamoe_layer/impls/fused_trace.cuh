@@ -13,6 +13,7 @@ namespace megamoe::layer {
 
 struct CtaTrace {
     u64 start, routed, planned, tasks_done, rows_written, end;
+    u64 combined_early;  // tokens its consumer warps combined while they waited for every rank's rows
 };
 
 struct TaskTrace {
@@ -21,7 +22,7 @@ struct TaskTrace {
     u32 kind, block;
 };
 
-MEGAMOE_PARAMS_LAYOUT(CtaTrace, 48, 8);
+MEGAMOE_PARAMS_LAYOUT(CtaTrace, 56, 8);
 MEGAMOE_PARAMS_LAYOUT(TaskTrace, 80, 8);
 
 // Task slots per CTA: every task of the largest call, spread over the grid.

@@ -1,4 +1,4 @@
-// The call's plan and task stream (megamoe-core plan/stream.rs, replayed here): m-blocks of 128
+// The call's plan and task stream (megamoe-core plan/stream.rs, built here the same): m-blocks of 128
 // rows in local-expert order, units of up to 8 consecutive m-blocks of one expert, and the
 // stream of segments (one kind of task over one unit, n-block outer, m-block inner). A single
 // wave runs every unit's L1 tasks, then every unit's L2 tasks; a lagged stream emits L1 tasks a
@@ -10,6 +10,7 @@
 // blockIdx.x, blockIdx.x + G, ... of the stream with a TaskCursor.
 #pragma once
 #include <megamoe/common.cuh>
+#include <megamoe_layer/comm/flags.cuh>
 #include <megamoe_layer/impls/fused_params.cuh>
 
 namespace megamoe::layer {
@@ -56,88 +57,147 @@ __device__ __forceinline__ const u32* published_counts(const FusedRegions& r, in
     return reinterpret_cast<const u32*>(reinterpret_cast<const char*>(r.peer_base[src]) + r.off_counts);
 }
 
-// Walks the units of the plan in order: unit u is chunk c of local expert j.
-struct UnitWalker {
-    const u32* block_first;  // [E_l + 1] exclusive scan of m-blocks per expert
-    u32 experts, j = 0, c = 0;
-    // The next unit's first block and block count.
-    __device__ __forceinline__ void next(u32& first, u32& n) {
-        while (block_first[j] + c * kUnitBlocks >= block_first[j + 1]) {
-            ++j;
-            c = 0;
-        }
-        first = block_first[j] + c * kUnitBlocks;
-        n = min(kUnitBlocks, block_first[j + 1] - first);
-        ++c;
-    }
-};
+__device__ __forceinline__ u32 div_up(u32 a, u32 b) { return (a + b - 1) / b; }
 
-// CTA 0, every thread: the plan of this call from the published counts. `scratch`: 2·(E_l + 1)
-// words of shared memory.
+// Exclusive prefix sum of `v` over the CTA's threads in thread order; `total` gets the sum.
+// Every thread calls it; `tmp`: 32 words of shared memory.
+__device__ u32 cta_exclusive_scan(u32 v, u32* tmp, u32& total) {
+    const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    u32 x = v;
+#pragma unroll
+    for (u32 o = 1; o < 32; o <<= 1) {
+        const u32 y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) tmp[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        u32 w = lane < warps ? tmp[lane] : 0;
+#pragma unroll
+        for (u32 o = 1; o < 32; o <<= 1) {
+            const u32 y = __shfl_up_sync(0xffffffffu, w, o);
+            if (lane >= o) w += y;
+        }
+        if (lane < warps) tmp[lane] = w;
+    }
+    __syncthreads();
+    total = tmp[warps - 1];
+    const u32 before = x - v + (warp > 0 ? tmp[warp - 1] : 0);
+    __syncthreads();
+    return before;
+}
+
+// The segment at stream position p (0 <= p < 2·units): its kind and unit. A single wave
+// (lag 0) runs every unit's L1, then every unit's L2. A lagged stream runs the L1 of groups of
+// kGroupUnits units, each followed by the L2 of the units that then lie `lag` units behind the
+// L1 frontier, and the L2 of the last `lag` units at the end: group g (the tail: g = groups)
+// starts at position f + l2(f), f = min(4g, units) units' L1 before it, where l2(f) =
+// max(0, f − lag) units' L2 run before L1 frontier f.
+__device__ __forceinline__ void stream_position(u32 p, u32 units, u32 lag, u32& kind, u32& unit) {
+    if (lag == 0) {
+        kind = p < units ? kL1 : kL2;
+        unit = p < units ? p : p - units;
+        return;
+    }
+    auto l2_before = [&](u32 frontier) { return frontier > lag ? frontier - lag : 0; };
+    auto group_start = [&](u32 g) {
+        const u32 f = min(g * kGroupUnits, units);
+        return f + l2_before(f);
+    };
+    // The last group (or the tail, g = groups) that starts at or before p.
+    u32 lo = 0, hi = div_up(units, kGroupUnits);
+    while (lo < hi) {
+        const u32 mid = (lo + hi + 1) / 2;
+        if (group_start(mid) <= p) lo = mid; else hi = mid - 1;
+    }
+    const u32 g = lo, first_l1 = g * kGroupUnits, off = p - group_start(g);
+    const u32 l1_units = min(first_l1 + kGroupUnits, units) - min(first_l1, units);
+    kind = off < l1_units ? kL1 : kL2;
+    unit = off < l1_units ? first_l1 + off : l2_before(min(first_l1, units)) + off - l1_units;
+}
+
+// CTA 0, every thread: the plan of this call from the published counts, the same as
+// megamoe-core's Stream::build (the selftest compares them). Every step is spread over the
+// threads (each takes a contiguous run of experts, then of stream positions) with two prefix
+// sums, so that no thread walks the whole plan. `scratch`: 3·(E_l + 1) + 32 words of shared
+// memory.
 __device__ void build_plan(const FusedRegions& r, u32* scratch) {
     const u32 R = r.ranks, El = r.experts / r.ranks, me = r.rank;
-    u32* rows = scratch;              // [E_l]
-    u32* block_first = scratch + El + 1;  // [E_l + 1]
+    u32* rows = scratch;                     // [E_l]
+    u32* block_first = rows + El + 1;        // [E_l + 1] exclusive scan of m-blocks per expert
+    u32* unit_first = block_first + El + 1;  // [E_l + 1] exclusive scan of units per expert
+    u32* tmp = unit_first + El + 1;          // [32]
     u32* src_base = plan_src_base(r);
-    for (u32 j = threadIdx.x; j < El; j += blockDim.x) {
+    const u32 per = div_up(El, blockDim.x);
+    const u32 j0 = min(El, threadIdx.x * per), j1 = min(El, j0 + per);
+    u32 my_blocks = 0, my_units = 0;
+    for (u32 j = j0; j < j1; ++j) {
         u32 run = 0;
         for (u32 src = 0; src < R; ++src) {
             src_base[j * R + src] = run;
             run += published_counts(r, src)[me * El + j];
         }
         rows[j] = run;
+        my_blocks += div_up(run, kBlockM);
+        my_units += div_up(div_up(run, kBlockM), kUnitBlocks);
     }
-    __syncthreads();
-    __shared__ u32 s_units;
+    u32 n_blocks, units;
+    u32 b = cta_exclusive_scan(my_blocks, tmp, n_blocks);
+    u32 u = cta_exclusive_scan(my_units, tmp, units);
+    ExpertL2* experts = expert_l2(r);
+    for (u32 j = j0; j < j1; ++j) {
+        block_first[j] = b;
+        unit_first[j] = u;
+        experts[j].owed = div_up(rows[j], kBlockM) * u32(r.n2) * 2;
+        b += div_up(rows[j], kBlockM);
+        u += div_up(div_up(rows[j], kBlockM), kUnitBlocks);
+    }
     if (threadIdx.x == 0) {
-        u32 b = 0, u = 0;
-        for (u32 j = 0; j < El; ++j) {
-            block_first[j] = b;
-            const u32 nb = (rows[j] + kBlockM - 1) / kBlockM;
-            b += nb;
-            u += (nb + kUnitBlocks - 1) / kUnitBlocks;
-        }
-        block_first[El] = b;
-        s_units = u;
+        block_first[El] = n_blocks;
+        unit_first[El] = units;
     }
     __syncthreads();
-    const u32 n_blocks = block_first[El];
     PlanHeader* h = plan_header(r);
     const bool overflow = n_blocks > u32(r.max_blocks) || (r.lag_units == 0 && n_blocks > u32(r.ring_slots));
-    if (!overflow) {
-        BlockInfo* blocks = plan_blocks(r);
-        for (u32 j = threadIdx.x; j < El; j += blockDim.x) {
-            for (u32 m = 0; block_first[j] + m < block_first[j + 1]; ++m) {
-                blocks[block_first[j] + m] = BlockInfo{j, m * kBlockM, min(kBlockM, rows[j] - m * kBlockM), 0};
-            }
+    if (overflow) {
+        if (threadIdx.x == 0) *h = PlanHeader{n_blocks, 0, 0, u32(kRingOverflow)};
+        return;
+    }
+    BlockInfo* blocks = plan_blocks(r);
+    for (u32 j = j0; j < j1; ++j) {
+        for (u32 m = 0; block_first[j] + m < block_first[j + 1]; ++m) {
+            blocks[block_first[j] + m] = BlockInfo{j, m * kBlockM, min(kBlockM, rows[j] - m * kBlockM), 0};
         }
     }
-    if (threadIdx.x == 0) {
-        u32 ns = 0, task = 0;
-        if (!overflow) {
-            Segment* segs = plan_segments(r);
-            UnitWalker l1{block_first, El}, l2{block_first, El};
-            auto emit = [&](u32 kind, UnitWalker& w) {
-                u32 first, n;
-                w.next(first, n);
-                segs[ns++] = Segment{kind, first, n, task};
-                task += n * u32(kind == kL1 ? r.n1 : r.n2);
-            };
-            const u32 units = s_units, lag = r.lag_units;
-            u32 l2_next = 0;
-            if (lag == 0) {
-                for (u32 u = 0; u < units; ++u) emit(kL1, l1);
-            } else {
-                for (u32 gs = 0; gs < units; gs += kGroupUnits) {
-                    const u32 ge = min(gs + kGroupUnits, units);
-                    for (u32 u = gs; u < ge; ++u) emit(kL1, l1);
-                    for (; l2_next + lag < ge; ++l2_next) emit(kL2, l2);
-                }
-            }
-            for (; l2_next < units; ++l2_next) emit(kL2, l2);
+    // The segment at position p: its unit is chunk c of local expert j (the last j whose first
+    // unit is at or before it).
+    const u32 n_segments = 2 * units, lag = r.lag_units;
+    auto segment = [&](u32 p) {
+        u32 kind, unit;
+        stream_position(p, units, lag, kind, unit);
+        u32 lo = 0, hi = El - 1;
+        while (lo < hi) {
+            const u32 mid = (lo + hi + 1) / 2;
+            if (unit_first[mid] <= unit) lo = mid; else hi = mid - 1;
         }
-        *h = PlanHeader{n_blocks, ns, task, overflow ? u32(kRingOverflow) : 0u};
+        const u32 first = block_first[lo] + (unit - unit_first[lo]) * kUnitBlocks;
+        return Segment{kind, first, min(kUnitBlocks, block_first[lo + 1] - first), 0};
+    };
+    auto tasks_of = [&](const Segment& s) { return s.n_blocks * u32(s.kind == kL1 ? r.n1 : r.n2); };
+    const u32 pp = div_up(n_segments, blockDim.x);
+    const u32 p0 = min(n_segments, threadIdx.x * pp), p1 = min(n_segments, p0 + pp);
+    u32 my_tasks = 0;
+    for (u32 p = p0; p < p1; ++p) my_tasks += tasks_of(segment(p));
+    u32 n_tasks;
+    u32 task = cta_exclusive_scan(my_tasks, tmp, n_tasks);
+    Segment* segs = plan_segments(r);
+    for (u32 p = p0; p < p1; ++p) {
+        Segment s = segment(p);
+        s.first_task = task;
+        task += tasks_of(s);
+        segs[p] = s;
     }
+    if (threadIdx.x == 0) *h = PlanHeader{n_blocks, n_segments, n_tasks, 0};
 }
 
 // One role's walk over its tasks (each role of a CTA keeps its own).

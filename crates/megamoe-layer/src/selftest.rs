@@ -824,15 +824,18 @@ pub fn gpu_checks() -> Vec<Check> {
             "uniform",
             Some(0.5),
         ));
-        // The EP8-rank proxies (SPEC §9) and their split over two ranks.
+        // The EP8-rank proxies (SPEC §9) and their split over 2, 4 and 8 ranks.
         for (preset, experts, ranks, tokens, kind) in [
             ("flash", 32, 1, 192, "uniform"),
             ("flash", 32, 1, 192, "zipf"),
             ("flash", 32, 1, 192, "masked"),
             ("flash", 32, 2, 96, "uneven"),
             ("flash", 32, 4, 48, "uniform"),
+            ("flash", 32, 8, 24, "uniform"),
             ("pro", 48, 1, 96, "uniform"),
             ("pro", 48, 2, 48, "zipf"),
+            ("pro", 48, 4, 24, "zipf"),
+            ("pro", 48, 8, 12, "uniform"),
         ] {
             checks.push(against_reference(
                 layer,

@@ -8,7 +8,7 @@
 //   2. plan: every CTA checks the bounds every rank published (all ranks reach the same
 //      verdict, so a mismatch is an error on every rank, never a hang); CTA 0 builds the
 //      m-blocks and the task stream (scheduler/task_stream.cuh); every CTA zeroes its share of
-//      the block counters; grid barrier.
+//      the block and expert counters; grid barrier.
 //   3. tasks: the producer replays the stream (an L1 task waits for its block's rows, an L2
 //      task for its block's L1 tasks) and hands each task to the consumers through shared
 //      memory (scheduler/task_queue.cuh), the consumers run L1 with the SwiGLU + weight +
@@ -16,8 +16,12 @@
 //      ranks, the releaser raises each block counter once a warpgroup's slice of it is
 //      written, and the pull fills ring slots once the slot's previous block is through L2.
 //   4. the consumer warpgroups (the producer warpgroup is done): raise kRowsWritten everywhere;
-//      wait for every rank's; combine this rank's tokens in slot order; zero the published
-//      counts for the next call.
+//      wait for every rank's, each warp combining meanwhile those of its tokens whose experts
+//      have all written their rows (the expert flags, raised by the releaser); combine the rest
+//      of this rank's tokens in slot order; zero the published counts for the next call.
+//
+// The launch is a programmatic dependent one: barrier init and descriptor prefetch overlap the
+// kernel before it on the stream, and nothing in global memory is touched before it completes.
 //
 // Ring slots and block counters live in this rank's buffer and are private to it; what peers
 // touch (inputs, counts, send lists, combine rows) is ordered by the two signals, so

@@ -5,6 +5,14 @@
 export MEGAMOE_JIT_CACHE_DIR
 MEGAMOE_JIT_CACHE_DIR=$(mktemp -d)
 trap 'rm -rf "$MEGAMOE_JIT_CACHE_DIR"' EXIT
+# `wheel_site WHEEL_DIR PYTHON`: installs the wheels of WHEEL_DIR (the package's, pytest's) into
+# a scratch folder for PYTHON and prints the folder (for PYTHONPATH).
+wheel_site() {
+  local site
+  site=$(mktemp -d)
+  "$2" -m pip install -q --no-index --no-deps --no-compile --target "$site" "$1"/*.whl
+  echo "$site"
+}
 step() {
   local name=$1 limit=$2
   shift 2

@@ -29,8 +29,7 @@ run() {  # NAME TIMEOUT_S COMMAND...: like `step`, for commands other than the b
 }
 run multiprocess 300 "$here/multiprocess_gpu_check.sh" "$bin" "$out/multiprocess"
 grep -hE '^(PASS|FAIL)' "$out/multiprocess/ep_procs.txt"
-site=$(mktemp -d)
-"$py" -m pip install -q --no-index --no-deps --no-compile --target "$site" "$wheels"/*.whl
+site=$(wheel_site "$wheels" "$py")
 export PYTHONPATH=$site PYTHONUNBUFFERED=1
 run pytest 300 "$py" -m pytest -q -rfEs -p no:cacheprovider python/tests
 tail -3 "$out/pytest.txt"

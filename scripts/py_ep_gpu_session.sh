@@ -19,8 +19,7 @@ step selftest 100 selftest --only ep.
 grep -E '^(PASS|FAIL)|checks passed' "$out/selftest.txt"
 step bench_per_rank 60 bench dispatch --preset flash --tokens 4096 --dtype bf16 --ranks 2 --sms 24 --combine exact,per_rank
 cat "$out/bench_per_rank.txt"
-site=$(mktemp -d)
-"$py" -m pip install -q --no-index --no-deps --no-compile --target "$site" "$wheels"/*.whl
+site=$(wheel_site "$wheels" "$py")
 t0=$(date +%s)
 PYTHONPATH=$site PYTHONUNBUFFERED=1 timeout 240 "$py" -m pytest -q -rA -s -p no:cacheprovider \
   python/tests/test_gpu_ep.py python/tests/test_gpu_ep_dist.py > "$out/python.txt" 2>&1

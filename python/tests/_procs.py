@@ -19,6 +19,18 @@ class Gather:
         return [mine, mine]
 
 
+def assert_rejected_before_any_exchange(build, bad, name):
+    """``build(all_gather, **bad)`` (one process's rank) raises a ValueError matching ``name``
+    and never calls its all_gather; ``bad`` may name the all_gather itself."""
+    import pytest
+
+    kw = dict(bad)
+    gather = kw.pop("all_gather") if "all_gather" in kw else Gather()
+    with pytest.raises(ValueError, match=name):
+        build(gather, **kw)
+    assert getattr(gather, "calls", 0) == 0
+
+
 def _peers_gone(_mine):
     raise OSError("the peers are gone")
 

@@ -8,7 +8,7 @@ import pytest
 import megamoe
 from megamoe import _megamoe
 
-from _procs import Gather
+from _procs import Gather, assert_rejected_before_any_exchange
 
 SMALL = dict(num_ranks=2, num_experts=64, num_topk=6, hidden=512, num_max_tokens_per_rank=128)
 
@@ -60,13 +60,7 @@ def rank_world(gather, **kw):
     ],
 )
 def test_a_process_ranks_bad_arguments_are_value_errors_before_any_exchange(bad, name):
-    gather = Gather()
-    kw = dict(bad)
-    if "all_gather" in kw:
-        gather = kw.pop("all_gather")
-    with pytest.raises(ValueError, match=name):
-        rank_world(gather, **kw)
-    assert getattr(gather, "calls", 0) == 0
+    assert_rejected_before_any_exchange(rank_world, bad, name)
 
 
 @pytest.mark.skipif(megamoe.gpu_available(), reason="checks the answer without a GPU")

@@ -13,7 +13,7 @@ import pytest
 import megamoe
 from megamoe import _megamoe
 
-from _procs import Gather
+from _procs import Gather, assert_rejected_before_any_exchange
 
 # The tiny preset on 2 ranks.
 TINY = dict(num_ranks=2, num_experts=16, num_max_tokens_per_rank=64, num_topk=4, hidden=256,
@@ -42,13 +42,7 @@ def rank_layer(gather, **kw):
     ],
 )
 def test_a_process_ranks_bad_arguments_are_value_errors_before_any_exchange(bad, name):
-    gather = Gather()
-    kw = dict(bad)
-    if "all_gather" in kw:
-        gather = kw.pop("all_gather")
-    with pytest.raises(ValueError, match=name):
-        rank_layer(gather, **kw)
-    assert getattr(gather, "calls", 0) == 0
+    assert_rejected_before_any_exchange(rank_layer, bad, name)
 
 
 def test_a_bad_kind_is_refused_before_the_all_gather_is_looked_at():

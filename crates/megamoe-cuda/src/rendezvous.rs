@@ -28,12 +28,7 @@ const POLL: Duration = Duration::from_millis(2);
 impl FileRendezvous {
     /// Checks the arguments (before any file is written): `rank < size`, `dir` a directory.
     pub fn new(dir: &Path, rank: usize, size: usize, deadline: Duration) -> Result<Self> {
-        if rank >= size {
-            return Err(Error::Invalid {
-                arg: "rank",
-                reason: format!("{rank} is not below the world size {size}"),
-            });
-        }
+        crate::check_rank(rank, size)?;
         if !dir.is_dir() {
             return Err(Error::Invalid {
                 arg: "dir",

@@ -817,11 +817,11 @@ impl FusedLayer {
         let (n1, n2) = (r.n1 as u32, r.n2 as u32);
         let mut tasks = Vec::new();
         for seg in segments.chunks_exact(4) {
-            let (kind, n_blocks) = match seg[0] {
+            let (kind, n_tiles) = match seg[0] {
                 0 => (TaskKind::L1, n1),
                 _ => (TaskKind::L2, n2),
             };
-            for n in 0..n_blocks {
+            for n in 0..n_tiles {
                 tasks.extend((seg[1]..seg[1] + seg[2]).map(|block| Task { kind, block, n }));
             }
         }

@@ -366,7 +366,9 @@ impl SplitLayer {
         match phase {
             Phase::Dispatch => {
                 let layout = self.ep.layout;
-                for ((r, rank), &bf16) in self.local().zip(&staged.bf16) {
+                for ((r, rank), (&bf16, &tokens)) in
+                    self.local().zip(staged.bf16.iter().zip(&staged.tokens))
+                {
                     if bf16 {
                         let buf = self.ep.buffer(r);
                         rank.quantizer.launch_at(
@@ -374,7 +376,7 @@ impl SplitLayer {
                             &rank.x_bf16,
                             (buf, layout.in_rows),
                             (buf, layout.in_scales),
-                            staged.tokens[r - self.local_ranks().start],
+                            tokens,
                             self.spec.shape.hidden,
                         )?;
                     }

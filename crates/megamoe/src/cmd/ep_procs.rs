@@ -87,20 +87,16 @@ const CASE_LIMIT: Duration = Duration::from_secs(60);
 pub fn run_rank(a: &RankArgs) -> Result<(), Box<dyn std::error::Error>> {
     let deadline = Duration::from_millis(a.deadline_ms);
     let exchange = FileRendezvous::new(&a.dir, a.rank, a.ranks, deadline)?;
+    let layer = |kind, exchange| -> Result<(), Box<dyn std::error::Error>> {
+        let report = layer_rank_check(kind, a.rank, a.ranks, a.device, deadline, exchange, a.idle)?;
+        println!("{report}");
+        Ok(())
+    };
     let dtype = match a.work {
         Work::EpBf16 => RowDtype::Bf16,
         Work::EpFp8 => RowDtype::Fp8,
-        Work::Layer | Work::LayerSplit => {
-            let kind = match a.work {
-                Work::Layer => Kind::Fused,
-                _ => Kind::Split,
-            };
-            let exchange = Box::new(exchange);
-            let report =
-                layer_rank_check(kind, a.rank, a.ranks, a.device, deadline, exchange, a.idle)?;
-            println!("{report}");
-            return Ok(());
-        }
+        Work::Layer => return layer(Kind::Fused, Box::new(exchange)),
+        Work::LayerSplit => return layer(Kind::Split, Box::new(exchange)),
     };
     let mut config = EpConfig::new(small(a.ranks), dtype);
     config.num_sms = SMS;

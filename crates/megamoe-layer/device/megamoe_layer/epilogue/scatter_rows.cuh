@@ -36,6 +36,7 @@ struct ScatterRows {
         static_assert(kAccum % 32 == 0, "64-column halves of a wgmma slice");
         const u32 lane = threadIdx.x % 32;
         const u32 warp = (threadIdx.x / 32) % 4;
+        if (ptx::warp_index_uniform() % 4 * 16 >= rows_valid) return;  // all 16 rows padding (fused.cuh)
         // Rows this lane copies out (the warp's rows lane/8 + 4 i) and its 16-byte piece of each
         // (lane % 8): their output addresses, 0 past the slice's valid rows.
         const u64* dest = row_dest(row0);

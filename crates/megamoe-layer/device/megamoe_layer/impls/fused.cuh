@@ -250,8 +250,12 @@ __device__ void consume(const FusedParams& p, const FusedProbe& probe, const L1S
             scales.load(next_kind == kL1 ? p.l1 : p.l2, next_t, 0);
         }
         const u32 rows_valid = t.rows_valid > a_off ? t.rows_valid - a_off : 0;
+        // A warp whose 16 rows of the slice are all padding writes nothing: each row of the
+        // L2 GEMM is its own, and a padding row's output is never stored (ScatterRows skips
+        // such warps too). That is a block's last rows, and most of every block at decode sizes.
         if (kind == kL1) {
-            p.swiglu.store(s1.staging(wg), wg, t.a_row + a_off, t.n0, rows_valid, sum);
+            if (ptx::warp_index_uniform() % 4 * 16 < rows_valid)
+                p.swiglu.store(s1.staging(wg), wg, t.a_row + a_off, t.n0, rows_valid, sum);
         } else {
             scatter.store(s1.staging(wg), wg, t.a_row + a_off, t.n0, rows_valid, sum);
         }

@@ -62,8 +62,7 @@ for s in $steps; do
         echo "$verdict  $k: $gpus GPUs $a, $gpus virtual ranks on GPU 0 $b" | tee -a "$out/bits.txt"
       done ;;
     procs)
-      "$here/procs_gpu_session.sh" "$bin" "$wheels" "$out/procs" "$py" > "$out/procs.txt" 2>&1
-      echo "procs rc=$?" | tee -a "$out/steps.txt"
+      run_step procs 1000 "$here/procs_gpu_session.sh" "$bin" "$wheels" "$out/procs" "$py"
       tail -8 "$out/procs.txt" ;;
     *) echo "unknown step $s" ;;
   esac

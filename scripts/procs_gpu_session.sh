@@ -19,23 +19,15 @@ gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
 same=
 [ "$gpus" -lt 2 ] && same=--same-device
 echo "$gpus GPU(s) visible; torchrun ${same:-with one GPU per process}"
-run() {  # NAME TIMEOUT_S COMMAND...: like `step`, for commands other than the binary
-  local name=$1 limit=$2
-  shift 2
-  local t0
-  t0=$(date +%s)
-  timeout "$limit" "$@" > "$out/$name.txt" 2>&1
-  printf '%-22s rc=%-3s %4d s  %s\n' "$name" "$?" $(( $(date +%s) - t0 )) "$*" | tee -a "$out/steps.txt"
-}
-run multiprocess 300 "$here/multiprocess_gpu_check.sh" "$bin" "$out/multiprocess"
+run_step multiprocess 300 "$here/multiprocess_gpu_check.sh" "$bin" "$out/multiprocess"
 grep -hE '^(PASS|FAIL)' "$out/multiprocess/ep_procs.txt"
 site=$(wheel_site "$wheels" "$py")
 export PYTHONPATH=$site PYTHONUNBUFFERED=1
-run pytest 300 "$py" -m pytest -q -rfEs -p no:cacheprovider python/tests
+run_step pytest 300 "$py" -m pytest -q -rfEs -p no:cacheprovider python/tests
 tail -3 "$out/pytest.txt"
-run torchrun_ep 120 "$py" -m torch.distributed.run --nproc-per-node 2 python/examples/ep_torchrun.py $same
+run_step torchrun_ep 120 "$py" -m torch.distributed.run --nproc-per-node 2 python/examples/ep_torchrun.py $same
 for kind in fused split; do
-  run "torchrun_layer_$kind" 120 "$py" -m torch.distributed.run --nproc-per-node 2 \
+  run_step "torchrun_layer_$kind" 120 "$py" -m torch.distributed.run --nproc-per-node 2 \
     python/examples/layer_torchrun.py $same --kind "$kind"
 done
 grep -hE '^(PASS|FAIL)' "$out"/torchrun_*.txt

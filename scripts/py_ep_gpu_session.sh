@@ -20,8 +20,6 @@ grep -E '^(PASS|FAIL)|checks passed' "$out/selftest.txt"
 step bench_per_rank 60 bench dispatch --preset flash --tokens 4096 --dtype bf16 --ranks 2 --sms 24 --combine exact,per_rank
 cat "$out/bench_per_rank.txt"
 site=$(wheel_site "$wheels" "$py")
-t0=$(date +%s)
-PYTHONPATH=$site PYTHONUNBUFFERED=1 timeout 240 "$py" -m pytest -q -rA -s -p no:cacheprovider \
-  python/tests/test_gpu_ep.py python/tests/test_gpu_ep_dist.py > "$out/python.txt" 2>&1
-echo "python       rc=$?  $(( $(date +%s) - t0 )) s  pytest python/tests/test_gpu_ep.py python/tests/test_gpu_ep_dist.py" | tee -a "$out/steps.txt"
+PYTHONPATH=$site PYTHONUNBUFFERED=1 run_step python 240 "$py" -m pytest -q -rA -s -p no:cacheprovider \
+  python/tests/test_gpu_ep.py python/tests/test_gpu_ep_dist.py
 tail -5 "$out/python.txt"

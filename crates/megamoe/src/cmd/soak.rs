@@ -228,7 +228,6 @@ fn host_rss() -> Result<i64, String> {
         .ok_or_else(|| "no VmRSS in /proc/self/status".into())
 }
 
-/// Free device memory and host RSS, now.
 /// How far memory in use grew from the first half's samples to the second's. The allocators'
 /// swings move the host RSS by tens of MiB between samples, both ways (freed blocks kept or given
 /// back), so two single samples say little; a leak lifts the whole second half, its lowest
@@ -240,6 +239,7 @@ fn second_half_growth(first: &[i64], second: &[i64]) -> i64 {
     (lo2 - lo1).min(hi2 - hi1)
 }
 
+/// Free device memory and host RSS, now.
 fn memory(gpu: &Gpu) -> Result<(i64, i64), String> {
     Ok((
         gpu.free_memory().map_err(|e| e.to_string())? as i64,

@@ -12,16 +12,34 @@ one process per GPU.
 
 Errors: ``ValueError`` for a bad argument (the message names it), ``RuntimeError`` when no CUDA
 GPU can be used or the device fails.
+
+NVRTC (which compiles the kernels) and NCCL are looked for, first hit wins: ``MEGAMOE_NVRTC_LIB``,
+``MEGAMOE_CUDA_HOME``, the system loader (``LD_LIBRARY_PATH``, a copy PyTorch already loaded),
+NVIDIA's pip packages in this Python environment (``nvidia/cu13/lib``: PyTorch's CUDA 13
+dependencies), then ``/usr/local/cuda``; ``info()`` shows what was found.
 """
+
+import importlib.util
 
 from ._megamoe import (
     __version__,
+    _set_nvidia_package_roots,
     get_symm_buffer_size,
     gpu_available,
     info,
     presets,
     reference_forward,
 )
+
+
+def _nvidia_package_roots():
+    """The folders of the ``nvidia`` namespace package (NVIDIA's pip packages) on sys.path,
+    found without importing anything."""
+    spec = importlib.util.find_spec("nvidia")
+    return list(spec.submodule_search_locations or []) if spec is not None else []
+
+
+_set_nvidia_package_roots(_nvidia_package_roots())
 from .gemm import grouped_gemm_fp8_contiguous, grouped_gemm_fp8_masked
 from .layer import MoELayer, get_symm_buffer_for_mega_moe
 

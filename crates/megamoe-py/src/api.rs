@@ -2,6 +2,7 @@
 //! DeepGEMM-style arguments, the size query, the presets and the GPU probe. lib.rs only
 //! converts types.
 
+use megamoe_core::limits::HOST_BATCH_TOKENS;
 use megamoe_core::preset::{Shape, PRESETS};
 use megamoe_core::quant::default_group;
 use megamoe_core::routing::{generate_world, RoutingKind, RoutingSpec};
@@ -99,9 +100,6 @@ pub fn presets() -> Vec<(&'static str, PresetShape)> {
         .collect()
 }
 
-/// Most tokens per rank [`reference_forward`] takes.
-pub const MAX_REFERENCE_TOKENS: usize = 1 << 16;
-
 /// The CPU reference of the layer (SPEC §3) on a generated batch: what `megamoe run --backend
 /// cpu` computes for the same preset, ranks, tokens, seed and routing.
 pub struct Reference {
@@ -123,14 +121,11 @@ pub fn reference_forward(
 ) -> Result<Reference> {
     let shape = Preset::by_name(preset)?.shape;
     let ranks = count("num_ranks", num_ranks)?;
-    let tokens = count("num_tokens", num_tokens)?;
-    // A batch past this would take hours on the CPU, and one far past it would fail to
-    // allocate, which aborts the process instead of raising.
-    if tokens > MAX_REFERENCE_TOKENS {
-        return Err(Error::Value(format!(
-            "num_tokens: {tokens} exceeds the CPU reference's {MAX_REFERENCE_TOKENS} per rank"
-        )));
-    }
+    // A batch far past the limit would fail to allocate, which aborts the process instead of
+    // raising.
+    let tokens = HOST_BATCH_TOKENS
+        .check(count("num_tokens", num_tokens)? as u64)
+        .map_err(|e| Error::Value(format!("num_tokens: {e}")))?;
     shape.validate(ranks)?;
     let kind = match routing {
         "uniform" => RoutingKind::Uniform,

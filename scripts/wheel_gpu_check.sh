@@ -15,6 +15,8 @@ wheels=$(realpath "$2")
 mkdir -p "$3"
 out=$(realpath "$3")
 python=${4:-/opt/torch/.venv/bin/python3}
+# Absolute, but not resolved: a venv's python must keep its own path.
+python=$(cd "$(dirname "$python")" && pwd)/$(basename "$python")
 repo=$(cd "$(dirname "$0")/.." && pwd)
 scratch=$(mktemp -d /tmp/megamoe-wheel.XXXXXX)
 trap 'rm -rf "$scratch"' EXIT

@@ -95,6 +95,7 @@ pub fn run_rank(a: &RankArgs) -> Result<(), Box<dyn std::error::Error>> {
     if a.rank >= a.ranks {
         return Err(Usage(format!("--rank {}: not below --ranks {}", a.rank, a.ranks)).into());
     }
+    super::require_gpu("ep-rank")?;
     let deadline = Duration::from_millis(a.deadline_ms as u64);
     let exchange = FileRendezvous::new(&a.dir, a.rank, a.ranks, deadline)?;
     let layer = |kind, exchange| -> Result<(), Box<dyn std::error::Error>> {

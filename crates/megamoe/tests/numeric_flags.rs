@@ -4,8 +4,6 @@
 //! one, ends with its one-line "no GPU" error (exit status 1), having checked its arguments
 //! before probing.
 
-mod common;
-
 use std::process::Command;
 use std::time::{Duration, Instant};
 

@@ -58,7 +58,13 @@ impl LayerArgs<'_> {
             return Err(Error::Value("num_experts: must be at least 1".into()));
         }
         let spec = LayerSpec {
-            kind: Kind::by_name(self.kind)?,
+            // Kind::by_name's error names the Rust crates' `kernel`.
+            kind: Kind::by_name(self.kind).map_err(|_| {
+                Error::Value(format!(
+                    "kind: {:?} must be \"fused\" or \"split\"",
+                    self.kind
+                ))
+            })?,
             group: match self.group {
                 Some(g) => count("group", g)?,
                 None => default_group(&shape),
@@ -328,8 +334,12 @@ mod tests {
                 "kind",
             ),
         ] {
+            // The Python argument first, and no Rust-only name (`kernel`) in its place.
             match buffer_size(&bad) {
-                Err(Error::Value(m)) => assert!(m.contains(arg), "{arg}: {m}"),
+                Err(Error::Value(m)) => {
+                    assert!(m.starts_with(&format!("{arg}: ")), "{arg}: {m}");
+                    assert!(!m.contains("kernel"), "{m}");
+                }
                 other => panic!("{arg}: {other:?}"),
             }
         }

@@ -32,7 +32,7 @@ pub const RANKS: Limit = Limit {
 
 /// Tokens per rank a symmetric buffer is sized for (T_max).
 pub const CAPACITY_TOKENS: Limit = Limit {
-    arg: "tokens",
+    arg: "max_tokens",
     min: 1,
     max: MAX_TOKENS as u64,
     step: 1,

@@ -212,9 +212,11 @@ pub fn help(what: &str, limit: &Limit) -> String {
 
 /// The limits every command shares, as `megamoe --help` lists them.
 pub fn limits_help() -> String {
-    let mut out = String::from("Limits shared by the commands (the library's):\n");
+    let mut out = String::from(
+        "Limits shared by the commands (the library's; each flag's help gives its own):\n",
+    );
     for l in limits::TABLE {
-        out.push_str(&format!("  {:<10} {:<28} {}\n", l.arg, l.range(), l.why));
+        out.push_str(&format!("  {:<11} {:<28} {}\n", l.arg, l.range(), l.why));
     }
     out
 }

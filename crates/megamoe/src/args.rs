@@ -9,6 +9,8 @@
 use std::fmt;
 
 use megamoe_core::limits::{self, Limit};
+use megamoe_core::plan::rules::{check_gran, default_gran};
+use megamoe_core::{Preset, Shape};
 
 /// Timed calls per measurement of a benchmark.
 pub const ITERS: Limit = Limit {
@@ -219,6 +221,24 @@ pub fn limits_help() -> String {
         out.push_str(&format!("  {:<11} {:<28} {}\n", l.arg, l.range(), l.why));
     }
     out
+}
+
+/// The preset `--preset` names, its experts checked to split evenly over `--ranks`.
+pub fn preset(name: &str, ranks: usize) -> Result<Preset, Usage> {
+    let preset = Preset::by_name(name).map_err(|e| usage("--preset", e))?;
+    preset
+        .shape
+        .validate(ranks)
+        .map_err(|e| usage("--ranks", e))?;
+    Ok(preset)
+}
+
+/// `--gran` checked against the shape (64 or 128, dividing I), or the shape's default.
+pub fn gran(shape: &Shape, gran: Option<usize>) -> Result<usize, Usage> {
+    match gran {
+        Some(g) => check_gran(shape, g).map_err(|e| usage("--gran", e)),
+        None => Ok(default_gran(shape)),
+    }
 }
 
 /// A value that is bad only next to another (`--experts` below the preset's top-k, `--check`

@@ -174,30 +174,15 @@ fn errors_under_json_are_one_json_object_on_stdout() {
 
 #[test]
 fn the_table_counts_ranks_and_tokens_in_words() {
-    let out = run(&[
-        "--preset",
-        "tiny",
-        "--backend",
-        "cpu",
-        "--ranks",
-        "1",
-        "--tokens",
-        "1",
-    ]);
-    let text = String::from_utf8(out.stdout).unwrap();
-    assert!(text.contains(", 1 rank x 1 token,"), "{text}");
-    let out = run(&[
-        "--preset",
-        "tiny",
-        "--backend",
-        "cpu",
-        "--ranks",
-        "2",
-        "--tokens",
-        "3",
-    ]);
-    let text = String::from_utf8(out.stdout).unwrap();
-    assert!(text.contains(", 2 ranks x 3 tokens,"), "{text}");
+    for (ranks, tokens, words) in [
+        ("1", "1", "1 rank x 1 token"),
+        ("2", "3", "2 ranks x 3 tokens"),
+    ] {
+        let args = ["--preset", "tiny", "--backend", "cpu"];
+        let out = run(&[&args[..], &["--ranks", ranks, "--tokens", tokens]].concat());
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(text.contains(&format!(", {words},")), "{text}");
+    }
 }
 
 #[test]

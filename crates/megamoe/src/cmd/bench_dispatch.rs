@@ -6,7 +6,6 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use megamoe_core::limits;
-use megamoe_core::Preset;
 use megamoe_ep::bench::{BenchSetup, DispatchBench};
 use megamoe_ep::layout::{BufferSpec, RowDtype};
 use megamoe_ep::selftest::Routing;
@@ -57,12 +56,7 @@ pub struct Args {
 
 /// Every check that needs more than one flag, before the GPU is probed.
 fn check(args: &Args) -> Result<BenchSetup, Usage> {
-    let shape = Preset::by_name(&args.preset)
-        .map_err(|e| usage("--preset", e))?
-        .shape;
-    shape
-        .validate(args.ranks)
-        .map_err(|e| usage("--ranks", e))?;
+    let shape = args::preset(&args.preset, args.ranks)?.shape;
     BufferSpec::for_shape(args.ranks, &shape, args.tokens, args.pad_multiple)
         .validate()
         .map_err(|e| usage("--preset", e))?;

@@ -11,7 +11,7 @@ use megamoe_core::plan::{Kernel, SymmetricLayout};
 use megamoe_core::{Error, Preset};
 use serde_json::json;
 
-use crate::args::{self, usage, Usage};
+use crate::args::{self, Usage};
 
 #[derive(clap::Args, Debug)]
 pub struct PlanArgs {
@@ -59,15 +59,8 @@ fn bounds(t_cap: usize) -> Vec<usize> {
 
 /// The checks clap's parsers cannot make alone (a value against the preset).
 fn check(args: &PlanArgs) -> Result<(Preset, usize), Usage> {
-    let preset = Preset::by_name(&args.preset).map_err(|e| usage("--preset", e))?;
-    preset
-        .shape
-        .validate(args.ranks)
-        .map_err(|e| usage("--ranks", e))?;
-    let gran = match args.gran {
-        Some(g) => rules::check_gran(&preset.shape, g).map_err(|e| usage("--gran", e))?,
-        None => rules::default_gran(&preset.shape),
-    };
+    let preset = args::preset(&args.preset, args.ranks)?;
+    let gran = args::gran(&preset.shape, args.gran)?;
     Ok((preset, gran))
 }
 

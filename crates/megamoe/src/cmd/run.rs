@@ -7,7 +7,6 @@ use std::time::Instant;
 use clap::{Args, ValueEnum};
 use half::bf16;
 use megamoe_core::limits;
-use megamoe_core::plan::rules::check_gran;
 use megamoe_core::reference::PerRank;
 use megamoe_core::routing::{generate_world, RoutingKind, RoutingSpec};
 use megamoe_core::{diff, fused_layer_and_f64, LayerOptions, Preset, WeightGen, WorldInputs};
@@ -15,7 +14,7 @@ use megamoe_layer::inputs::{bf16_inputs, spec_for};
 use megamoe_layer::{Kind, LayerSpec, MoeLayer};
 use serde::Serialize;
 
-use crate::args::{self, usage, Usage};
+use crate::args::{self, Usage};
 use crate::progress::Progress;
 
 #[derive(Args, Debug)]
@@ -141,16 +140,11 @@ const CHEAP_REFERENCE_WEIGHTS: usize = 64 << 20;
 /// The checks clap's parsers cannot make alone (a value against the preset or another flag),
 /// before anything is generated or probed.
 fn check(args: &RunArgs) -> Result<(Preset, LayerOptions), Usage> {
-    let preset = Preset::by_name(&args.preset).map_err(|e| usage("--preset", e))?;
-    preset
-        .shape
-        .validate(args.ranks)
-        .map_err(|e| usage("--ranks", e))?;
-    let mut options = LayerOptions::for_shape(&preset.shape);
-    if let Some(gran) = args.gran {
-        options.group = check_gran(&preset.shape, gran).map_err(|e| usage("--gran", e))?;
-    }
-    options.clamp = args.clamp;
+    let preset = args::preset(&args.preset, args.ranks)?;
+    let options = LayerOptions {
+        group: args::gran(&preset.shape, args.gran)?,
+        clamp: args.clamp,
+    };
     if let Backend::Cpu = args.backend {
         if let Some(k) = args.kernel {
             return Err(Usage(format!(

@@ -203,3 +203,62 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    #[test]
+    fn an_arms_cell_has_its_rounds_band_and_rates() {
+        let args = Cli::parse_from(["bench", "--preset", "tiny", "--tokens", "64"]).args;
+        let setup = check(&args).unwrap();
+        let cells = Setup::new("dispatch", "tiny", &setup.shape, 2, "uniform");
+        let rounds = [12.0, 10.0, 11.0];
+        let v = serde_json::to_value(arm_cell(
+            &cells,
+            &args,
+            24,
+            "dispatch_with_permute",
+            &rounds,
+            (11.0, 5.5),
+            (2.2e6, 1e6),
+        ))
+        .unwrap();
+        assert_eq!(v["arm"], "dispatch_with_permute");
+        assert_eq!(v["rounds_us"], serde_json::json!([12.0, 10.0, 11.0]));
+        assert_eq!(
+            (v["round_min_us"].as_f64(), v["round_max_us"].as_f64()),
+            (Some(10.0), Some(12.0))
+        );
+        assert_eq!(v["x_floor"], 2.0);
+        // 2.2 MB in 11 µs.
+        assert_eq!(v["nvlink_gb_per_s_per_gpu"], 200.0);
+        assert_eq!(v["tflops"], serde_json::Value::Null);
+        assert_eq!(
+            (v["sms"].as_u64(), v["tokens"].as_u64()),
+            (Some(24), Some(64))
+        );
+        assert_eq!(v["dtype"], "bf16");
+    }
+
+    #[test]
+    fn bad_names_are_usage_errors_naming_the_flag() {
+        for (flag, value) in [
+            ("--dtype", "fp16"),
+            ("--routing", "skewed"),
+            ("--combine", "sum"),
+            ("--preset", "huge"),
+        ] {
+            let args = Cli::parse_from(["bench", flag, value]).args;
+            let e = check(&args).expect_err("refused").0;
+            assert!(e.starts_with(flag), "{e}");
+        }
+    }
+}

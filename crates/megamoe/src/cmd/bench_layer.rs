@@ -364,3 +364,86 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use megamoe_layer::bench::FusedCell;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    #[test]
+    fn a_row_gives_one_cell_per_arm_with_its_band_and_rate() {
+        let args =
+            Cli::parse_from(["bench", "--preset", "tiny", "--rounds", "2", "--iters", "5"]).args;
+        let shape = Preset::by_name("tiny").unwrap().shape;
+        let row = LayerRow {
+            tokens: 64,
+            valid_slots: 256,
+            split_us: 100.0,
+            gemms_us: 50.0,
+            ratio_min: 1.9,
+            ratio_max: 2.1,
+            fused: Some(FusedCell {
+                us: 80.0,
+                ratio_min: 0.7,
+                ratio_max: 0.9,
+                lag_units: Some(8),
+                trace: None,
+            }),
+            floor_us: 40.0,
+            tflops: 2.0,
+            phases_us: [10.0, 20.0, 30.0, 40.0],
+        };
+        let setup = Setup::new("layer", "tiny", &shape, 1, "uniform");
+        let cells: Vec<serde_json::Value> = cells(&setup, &args, &row)
+            .iter()
+            .map(|c| serde_json::to_value(c).unwrap())
+            .collect();
+        let arms: Vec<&str> = cells.iter().map(|c| c["arm"].as_str().unwrap()).collect();
+        assert_eq!(
+            arms,
+            [
+                "split",
+                "gemms",
+                "fused",
+                "split:dispatch",
+                "split:L1+SwiGLU",
+                "split:L2",
+                "split:combine"
+            ]
+        );
+        let [split, gemms, fused, dispatch] = [&cells[0], &cells[1], &cells[2], &cells[3]];
+        assert_eq!(split["ratio_of"], "split/gemms");
+        assert_eq!(
+            (split["ratio_min"].as_f64(), split["ratio_max"].as_f64()),
+            (Some(1.9), Some(2.1))
+        );
+        assert_eq!(split["tflops"], 2.0);
+        // The same FLOPs in half the time.
+        assert_eq!(gemms["tflops"], 4.0);
+        assert_eq!(gemms["ratio_of"], serde_json::Value::Null);
+        assert_eq!(fused["ratio_of"], "fused/split");
+        assert_eq!(fused["lag_units"], 8);
+        assert_eq!(fused["x_floor"], 2.0);
+        assert_eq!(dispatch["median_us"], 10.0);
+        assert_eq!(dispatch["tflops"], serde_json::Value::Null);
+        for c in &cells {
+            assert_eq!(
+                (
+                    c["tokens"].as_u64(),
+                    c["rounds"].as_u64(),
+                    c["iters"].as_u64()
+                ),
+                (Some(64), Some(2), Some(5))
+            );
+            assert_eq!(c["intermediate"], 128);
+            assert_eq!(c["floor_us"], 40.0);
+        }
+    }
+}

@@ -149,7 +149,7 @@ fn check(args: &RunArgs) -> Result<(Preset, LayerOptions), Usage> {
         if let Some(k) = args.kernel {
             return Err(Usage(format!(
                 "--kernel {}: --backend cpu runs the CPU reference, which has no kernel form",
-                kernel_name(k)
+                k.kind().name()
             )));
         }
         if args.check {
@@ -163,10 +163,12 @@ fn check(args: &RunArgs) -> Result<(Preset, LayerOptions), Usage> {
     Ok((preset, options))
 }
 
-fn kernel_name(k: KernelArg) -> &'static str {
-    match k {
-        KernelArg::Split => "split",
-        KernelArg::Fused => "fused",
+impl KernelArg {
+    fn kind(self) -> Kind {
+        match self {
+            KernelArg::Split => Kind::Split,
+            KernelArg::Fused => Kind::Fused,
+        }
     }
 }
 
@@ -222,10 +224,7 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn std::error::Error>> {
         out
     };
     let out = if gpu {
-        let kind = match args.kernel.unwrap_or(KernelArg::Fused) {
-            KernelArg::Split => Kind::Split,
-            KernelArg::Fused => Kind::Fused,
-        };
+        let kind = args.kernel.unwrap_or(KernelArg::Fused).kind();
         let (out, time_ms) = gpu_layer(kind, &world, &weights, &options)?;
         report.kernel = Some(kind.name());
         report.time_ms = time_ms;
@@ -309,9 +308,15 @@ fn choose_backend(args: &RunArgs) -> Result<(bool, Option<String>), Box<dyn std:
     .into_iter()
     .flatten()
     .collect();
-    let unused = match unused.is_empty() {
-        true => String::new(),
-        false => format!(" ({} apply to the GPU layer only)", unused.join(" and ")),
+    let unused = if unused.is_empty() {
+        String::new()
+    } else {
+        let verb = if unused.len() == 1 {
+            "applies"
+        } else {
+            "apply"
+        };
+        format!(" ({} {verb} to the GPU layer only)", unused.join(" and "))
     };
     Ok((
         false,

@@ -67,12 +67,38 @@ fn try_load(candidates: &[String]) -> Option<Loaded> {
     candidates.iter().find_map(|c| {
         // SAFETY: loading a CUDA library runs its initialisers, which have no preconditions.
         let lib = unsafe { libloading::Library::new(c) }.ok()?;
+        let path = mapped_path(c);
         Some(Loaded {
-            path: c.clone(),
+            _companions: companions(Path::new(&path)),
+            path,
             lib,
-            _companions: companions(Path::new(c)),
         })
     })
+}
+
+/// The file the loader mapped for `name`, so that a library the system loader found by its
+/// soname is reported by its path: the first file in `/proc/self/maps` whose name starts like
+/// the soname's up to `.so` (`libcuda.so.1` is the file `libcuda.so.580.95.05`). `name` itself
+/// when it is a path or the map does not say.
+fn mapped_path(name: &str) -> String {
+    let stem = match name.find(".so") {
+        Some(i) if !name.contains('/') => &name[..i + 3],
+        _ => return name.to_string(),
+    };
+    std::fs::read_to_string("/proc/self/maps")
+        .ok()
+        .and_then(|maps| {
+            maps.lines()
+                .filter_map(|line| line.split_whitespace().nth(5))
+                .find(|p| {
+                    Path::new(p)
+                        .file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with(stem))
+                })
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| name.to_string())
 }
 
 /// NVRTC opens `libnvrtc-builtins.so.<major>.<minor>` by soname when it compiles; outside the
@@ -360,6 +386,15 @@ mod tests {
             loader < cu13 && cu13 < cu12_layout && cu12_layout < system,
             "{c:?}"
         );
+    }
+
+    #[test]
+    fn a_library_the_loader_found_by_soname_is_reported_by_its_file() {
+        // libc is mapped in every process.
+        let libc = mapped_path("libc.so.6");
+        assert!(libc.starts_with('/') && libc.contains("/libc.so"), "{libc}");
+        assert_eq!(mapped_path("/a/libx.so.1"), "/a/libx.so.1");
+        assert_eq!(mapped_path("libnot-loaded.so.9"), "libnot-loaded.so.9");
     }
 
     #[test]

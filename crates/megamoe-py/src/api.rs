@@ -337,7 +337,7 @@ mod tests {
             // The Python argument first, and no Rust-only name (`kernel`) in its place.
             match buffer_size(&bad) {
                 Err(Error::Value(m)) => {
-                    assert!(m.starts_with(&format!("{arg}: ")), "{arg}: {m}");
+                    assert!(m.starts_with(arg), "{arg}: {m}");
                     assert!(!m.contains("kernel"), "{m}");
                 }
                 other => panic!("{arg}: {other:?}"),

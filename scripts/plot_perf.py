@@ -34,7 +34,7 @@ REQUIRED = {
     "accuracy": ("preset", "hidden", "ranks", "tokens", "kernel", "diff"),
 }
 # What makes two lines the same cell (the later one replaces the earlier).
-CELL = ("bench", "preset", "experts", "ranks", "routing", "masked", "tokens", "dtype", "sms",
+CELL = ("bench", "preset", "experts", "ranks", "gpus", "routing", "masked", "tokens", "dtype", "sms",
         "arm", "kernel", "shape", "layout", "rows_per_expert", "timing")
 PROXIES = (("flash", 32), ("pro", 48))  # the EP8-rank proxies (SPEC §9)
 TIMING = {
@@ -244,16 +244,19 @@ def plot_dispatch(plt, lines, peers, out, png):
     if not rows:
         return
     sms_default = statistics.mode(d["sms"] for d in rows if d["arm"] == "dispatch_with_permute")
-    settings = sorted({(d["preset"], d["ranks"], d["tokens"], d["dtype"]) for d in rows},
-                      key=lambda s: (s[0], s[1], -s[2], s[3]))
+    def setting(d):
+        return d["preset"], d["ranks"], d.get("gpus"), d["tokens"], d["dtype"]
+
+    settings = sorted({setting(d) for d in rows}, key=lambda s: (s[0], s[1], -(s[2] or 0), -s[3], s[4]))
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5.6), width_ratios=[3, 2])
     width = 0.8 / len(DISPATCH_ARMS)
     labels = []
-    for i, (preset, ranks, tokens, dtype) in enumerate(settings):
-        labels.append(f"{preset} {tokens} tok/rank\n{dtype.upper()}, {ranks} GPUs")
+    for i, s in enumerate(settings):
+        preset, ranks, gpus, tokens, dtype = s
+        on = f"{ranks} ranks on {gpus} GPU{'s' if gpus != 1 else ''}" if gpus else f"{ranks} ranks"
+        labels.append(f"{preset} {tokens} tok/rank\n{dtype.upper()}, {on}")
         for j, (arm, label, color) in enumerate(DISPATCH_ARMS):
-            d = next((d for d in rows if (d["preset"], d["ranks"], d["tokens"], d["dtype"]) == (preset, ranks, tokens, dtype)
-                      and d["sms"] == sms_default and d["arm"] == arm), None)
+            d = next((d for d in rows if setting(d) == s and d["sms"] == sms_default and d["arm"] == arm), None)
             if d is None:
                 continue
             x = i + (j - (len(DISPATCH_ARMS) - 1) / 2) * width
@@ -277,24 +280,23 @@ def plot_dispatch(plt, lines, peers, out, png):
     left.grid(True, axis="y", alpha=0.3)
     left.set_ylim(0, 1.15 * max(max(p["dispatch_us"], p["combine_us"]) for p in hyb) if hyb else None)
     # by SM count, for the setting with the most SM counts
-    best = max(settings, key=lambda s: len({d["sms"] for d in rows if (d["preset"], d["ranks"], d["tokens"], d["dtype"]) == s}))
+    best = max(settings, key=lambda s: len({d["sms"] for d in rows if setting(d) == s}))
     for arm, label, color in DISPATCH_ARMS:
-        got = sorted((d["sms"], d["median_us"], d["floor_us"]) for d in rows
-                     if (d["preset"], d["ranks"], d["tokens"], d["dtype"]) == best and d["arm"] == arm)
+        got = sorted((d["sms"], d["median_us"], d["floor_us"]) for d in rows if setting(d) == best and d["arm"] == arm)
         if got:
             right.plot([g[0] for g in got], [g[1] for g in got], marker="o", color=color, label=label)
     for arm, color in (("dispatch_with_permute", "C0"), ("combine_with_unpermute exact", "C1")):
-        got = [d["floor_us"] for d in rows if (d["preset"], d["ranks"], d["tokens"], d["dtype"]) == best and d["arm"] == arm]
+        got = [d["floor_us"] for d in rows if setting(d) == best and d["arm"] == arm]
         if got:
             right.axhline(got[0], color=color, ls="-.", lw=1)
     right.set_xlabel("SMs per rank")
     right.set_ylabel("µs per call")
     right.set_ylim(bottom=0)
-    right.set_title(f"{best[0]} {best[2]} tokens/rank, {best[3].upper()}, by SM count")
+    right.set_title(f"{best[0]} {best[3]} tokens/rank, {best[4].upper()}, by SM count")
     right.grid(True, alpha=0.3)
     handles, labels = left.get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=8.5, frameon=False)
-    fig.suptitle("Dispatch and combine with fused permute, H200 pair (NVLink), median of 20, arms interleaved"
+    fig.suptitle("Dispatch and combine with fused permute, median of 20, arms interleaved"
                  " (floors: black bars, dash-dotted lines)", fontsize=11)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     save(fig, "dispatch", out, png)

@@ -1,5 +1,5 @@
 """Draws docs/figures/*.svg from benchmark data: the layer against its peers and the floor, the
-layer's own benchmark, dispatch/combine, and accuracy against hidden size.
+layer's own benchmark, dispatch/combine, the grouped GEMM, and accuracy against hidden size.
 
     python3 scripts/plot_perf.py [--data docs/perf/data] [--out docs/figures] [--png DIR]
                                  [--check] [FILE.jsonl ...]
@@ -35,7 +35,7 @@ REQUIRED = {
 }
 # What makes two lines the same cell (the later one replaces the earlier).
 CELL = ("bench", "preset", "experts", "ranks", "gpus", "routing", "masked", "tokens", "dtype", "sms",
-        "arm", "kernel", "shape", "layout", "rows_per_expert", "timing")
+        "arm", "kernel", "shape", "layout", "pad", "flush_l2", "rows_per_expert", "timing")
 PROXIES = (("flash", 32), ("pro", 48))  # the EP8-rank proxies (SPEC §9)
 TIMING = {
     "events": "CUDA events, calls back to back",
@@ -80,7 +80,7 @@ def read_lines(paths):
 def read_peers(path):
     with open(path, encoding="utf-8") as f:
         peers = json.load(f)
-    for key in ("layer", "floor", "dispatch", "accuracy"):
+    for key in ("layer", "floor", "dispatch", "gemm", "accuracy"):
         if key not in peers:
             raise InputError(f"{path}: no {key!r} section")
     for s in peers["layer"]:
@@ -302,6 +302,35 @@ def plot_dispatch(plt, lines, peers, out, png):
     save(fig, "dispatch", out, png)
 
 
+def plot_gemm(plt, lines, peers, out, png):
+    """`megamoe bench gemm`: valid TFLOP/s by rows per expert, L1 and L2, beside DeepGEMM and torch."""
+    rows = [d for d in lines if d["bench"] == "gemm" and not d.get("flush_l2") and d.get("tflops")]
+    if not rows:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.8), sharey=True)
+    for ax, shape in zip(axes, ("L1", "L2")):
+        for layout, style in (("contiguous", dict(color="C0", marker="o", lw=2.2)),
+                              ("masked", dict(color="C0", marker="D", ls="none", ms=8, mfc="none"))):
+            got = {d["rows_per_expert"]: d for d in rows if d.get("shape") == shape and d.get("layout") == layout}
+            xs = sorted(got)
+            if xs:
+                ax.plot(xs, [got[x]["tflops"] for x in xs], label=f"megamoe, {layout}", **style)
+        for s, style in zip(peers["gemm"], (dict(color="C3", marker="^", lw=1.6), dict(color="0.45", marker="x", lw=1.2, ls=":"))):
+            xs, ys = series(s["tflops"].get(shape, {}))
+            ax.plot(xs, ys, label=s["name"], **style)
+        ax.axhline(1394, color="k", ls="-.", lw=1, label="FP8 dense peak measured (cuBLAS 8192³)")
+        ax.set_title(f"{shape}: {'x · W1ᵀ, K 4096, N 4096' if shape == 'L1' else 'a · W2ᵀ, K 2048, N 4096'}")
+        ax.set_ylim(0, 1500)
+        ax.set_ylabel("valid TFLOP/s")
+        xs = sorted({d["rows_per_expert"] for d in rows})
+        tokens_axis(ax, xs)
+        ax.set_xlabel("rows per expert (mean; 128 local experts)")
+    axes[0].legend(fontsize=8, loc="lower right")
+    fig.suptitle("FP8 block-scaled grouped GEMM, flash's shapes, one H200, median of 20 (higher is better)", fontsize=11)
+    fig.tight_layout()
+    save(fig, "gemm", out, png)
+
+
 def plot_accuracy(plt, lines, peers, out, png):
     """diff (SPEC §3) against hidden size: megamoe and the seed's kernel, and SPEC's bound."""
     acc = [d for d in lines if d["bench"] == "accuracy"]
@@ -377,6 +406,7 @@ def main():
     plot_layer_vs_peers(plt, lines, peers, args.out, args.png)
     plot_layer_bench(plt, lines, args.out, args.png)
     plot_dispatch(plt, lines, peers, args.out, args.png)
+    plot_gemm(plt, lines, peers, args.out, args.png)
     plot_accuracy(plt, lines, peers, args.out, args.png)
     print(f"plot_perf: figures in {args.out}")
 

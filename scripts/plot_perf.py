@@ -248,13 +248,14 @@ def plot_dispatch(plt, lines, peers, out, png):
         return d["preset"], d["ranks"], d.get("gpus"), d["tokens"], d["dtype"]
 
     settings = sorted({setting(d) for d in rows}, key=lambda s: (s[0], s[1], -(s[2] or 0), -s[3], s[4]))
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5.6), width_ratios=[3, 2])
+    groups = len(settings) + (1 if peers["dispatch"] else 0)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(6 + 1.5 * groups, 5.8), width_ratios=[0.8 * groups, 2])
     width = 0.8 / len(DISPATCH_ARMS)
     labels = []
     for i, s in enumerate(settings):
         preset, ranks, gpus, tokens, dtype = s
-        on = f"{ranks} ranks on {gpus} GPU{'s' if gpus != 1 else ''}" if gpus else f"{ranks} ranks"
-        labels.append(f"{preset} {tokens} tok/rank\n{dtype.upper()}, {on}")
+        on = f"{ranks} ranks on {gpus} GPU{'s' if gpus != 1 else ''}" if gpus else f"{ranks} ranks, GPUs unrecorded"
+        labels.append(f"{preset}, {tokens} tok/rank\n{dtype.upper()}\n{on}")
         for j, (arm, label, color) in enumerate(DISPATCH_ARMS):
             d = next((d for d in rows if setting(d) == s and d["sms"] == sms_default and d["arm"] == arm), None)
             if d is None:
@@ -266,7 +267,7 @@ def plot_dispatch(plt, lines, peers, out, png):
     hyb = peers["dispatch"]
     if hyb:
         i = len(settings)
-        labels.append("HybridEP, flash 4096\nBF16 (its default SMs)")
+        labels.append("HybridEP, flash, 4096\nBF16\nits default SMs")
         for k, p in enumerate(hyb):
             for m, (key, color) in enumerate((("dispatch_us", "C0"), ("combine_us", "C1"))):
                 x = i + (2 * k + m - 1.5) * width

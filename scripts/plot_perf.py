@@ -5,7 +5,8 @@ layer's own benchmark, dispatch/combine, the grouped GEMM, and accuracy against 
                                  [--check] [FILE.jsonl ...]
 
 Inputs:
-- every `*.jsonl` under --data, read in name order, then each FILE given: JSON Lines as
+- every `*.jsonl` under --data, read in name order (named `YYYY-MM-DD-what.jsonl` by the day the
+  numbers were measured, so that later measurements come later), then each FILE given: JSON Lines as
   `megamoe bench layer|dispatch|gemm --json PATH` writes them (one measured cell per line), and
   `"bench": "accuracy"` lines (a layer check's diff against the CPU reference). A line may carry
   `"timing"`: "events" (CUDA events around back-to-back calls, what the benches measure; the

@@ -226,6 +226,55 @@ def _empty(buffer: Buffer, i: int, shape, dtype) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=buffer.devices[i])
 
 
+def run_dispatch(buffer: Buffer, handle: Handle, x, x_scales, topk_idx, probs, pad_multiple, num_rows_bound):
+    """The dispatch into ``handle`` and the copy of its results out, without autograd (the
+    calls :func:`dispatch_with_permute` and the compatibility layers make). Per local rank:
+    ``x`` (bf16, or e4m3 with f32 ``x_scales`` on FP8 buffers), int32 ``topk_idx`` and f32
+    ``probs``. Returns lists per local rank: rows (the buffer's dtype), their scales (FP8, else
+    None), row probs, and tokens_per_expert (lists of ints, or int32 device tensors after a
+    non-blocking dispatch)."""
+    r, h = len(buffer.ranks), buffer.hidden
+    fp8 = buffer.dtype == "fp8"
+    streams = buffer.streams()
+    buffer.world.dispatch(handle.native, x, x_scales, topk_idx, probs, pad_multiple, num_rows_bound, streams)
+    n = handle.num_rows
+    rows = [_empty(buffer, i, (n[i], h), torch.float8_e4m3fn if fp8 else torch.bfloat16) for i in range(r)]
+    row_scales = [_empty(buffer, i, (n[i], h // 128), torch.float32) for i in range(r)] if fp8 else None
+    row_probs = [_empty(buffer, i, (n[i],), torch.float32) for i in range(r)]
+    tokens_per_expert = handle.native.tokens_per_expert
+    counts = None
+    if tokens_per_expert is None:
+        local = buffer.num_experts // buffer.num_ranks
+        counts = [_empty(buffer, i, (local,), torch.int32) for i in range(r)]
+        tokens_per_expert = counts
+    buffer.world.read_dispatch(handle.native, rows, row_scales, row_probs, counts, streams)
+    return rows, row_scales, row_probs, tokens_per_expert
+
+
+def run_combine(buffer: Buffer, handle: Handle, rows, order: str, prob_grads=None):
+    """The combine of bf16 ``rows`` (per local rank, in ``handle``'s layout) in ``order``,
+    without autograd. With ``prob_grads`` (f32 ``[rows_r]``) it is the dispatch's backward and
+    the prob gradients are scattered back too. Returns (y, grad_probs): lists per local rank of
+    bf16 ``[T_r, H]`` and f32 ``[T_r, K]`` (None without ``prob_grads``)."""
+    r, h, k = len(buffer.ranks), buffer.hidden, buffer.num_topk
+    y = [_empty(buffer, i, (handle.num_tokens[i], h), torch.bfloat16) for i in range(r)]
+    if prob_grads is None:
+        buffer.world.combine(handle.native, rows, order, y, buffer.streams())
+        return y, None
+    grad_probs = [_empty(buffer, i, (handle.num_tokens[i], k), torch.float32) for i in range(r)]
+    buffer.world.combine(handle.native, rows, order, y, buffer.streams(), prob_grads, grad_probs)
+    return y, grad_probs
+
+
+def run_combine_backward(buffer: Buffer, handle: Handle, grad_y):
+    """The combine's backward without autograd: bf16 ``grad_y`` ``[T_r, H]`` per local rank
+    dispatched along ``handle``'s routing; returns the bf16 row gradients ``[rows_r, H]``."""
+    h = buffer.hidden
+    grad_rows = [_empty(buffer, i, (handle.num_rows[i], h), torch.bfloat16) for i in range(len(buffer.ranks))]
+    buffer.world.combine_backward(handle.native, grad_y, grad_rows, buffer.streams())
+    return grad_rows
+
+
 class _Dispatch(torch.autograd.Function):
     """Inputs after the settings: x (R tensors), probs (R tensors), R the buffer's local ranks.
     Outputs: rows (R), row probs (R)."""
@@ -240,22 +289,11 @@ class _Dispatch(torch.autograd.Function):
             quantized = [quantize_fp8(t) for t in x]
             x = [c for c, _ in quantized]
             scales = [s for _, s in quantized]
-        streams = buffer.streams()
         handle = box.handle
-        buffer.world.dispatch(handle.native, x, scales, topk_idx, probs, pad_multiple, num_rows_bound, streams)
+        rows, row_scales, row_probs, box.tokens_per_expert = run_dispatch(
+            buffer, handle, x, scales, topk_idx, probs, pad_multiple, num_rows_bound
+        )
         handle.order = order
-        h = buffer.hidden
-        n = handle.num_rows
-        rows = [_empty(buffer, i, (n[i], h), torch.float8_e4m3fn if fp8 else torch.bfloat16) for i in range(r)]
-        row_scales = [_empty(buffer, i, (n[i], h // 128), torch.float32) for i in range(r)] if fp8 else None
-        row_probs = [_empty(buffer, i, (n[i],), torch.float32) for i in range(r)]
-        local = buffer.num_experts // buffer.num_ranks
-        box.tokens_per_expert = handle.native.tokens_per_expert
-        counts = None
-        if box.tokens_per_expert is None:
-            counts = [_empty(buffer, i, (local,), torch.int32) for i in range(r)]
-            box.tokens_per_expert = counts
-        buffer.world.read_dispatch(handle.native, rows, row_scales, row_probs, counts, streams)
         if fp8:
             box.fp8 = list(zip(rows, row_scales))
             rows = [dequantize_fp8(c, s) for c, s in box.fp8]
@@ -265,7 +303,7 @@ class _Dispatch(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         buffer, handle = ctx.buffer, ctx.handle
-        r, h, k = len(buffer.ranks), buffer.hidden, buffer.num_topk
+        r, h = len(buffer.ranks), buffer.hidden
         grad_rows = [
             torch.zeros((handle.num_rows[i], h), dtype=torch.bfloat16, device=buffer.devices[i])
             if g is None
@@ -278,11 +316,7 @@ class _Dispatch(torch.autograd.Function):
             else g.float().contiguous()
             for i, g in enumerate(grads[r:])
         ]
-        grad_x = [_empty(buffer, i, (handle.num_tokens[i], h), torch.bfloat16) for i in range(r)]
-        grad_probs = [_empty(buffer, i, (handle.num_tokens[i], k), torch.float32) for i in range(r)]
-        buffer.world.combine(
-            handle.native, grad_rows, handle.order, grad_x, buffer.streams(), prob_grads, grad_probs
-        )
+        grad_x, grad_probs = run_combine(buffer, handle, grad_rows, handle.order, prob_grads)
         return (None, None, None, None, None, None, *grad_x, *grad_probs)
 
 
@@ -291,9 +325,7 @@ class _Combine(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, buffer, handle, order, *rows):
-        h = buffer.hidden
-        y = [_empty(buffer, i, (handle.num_tokens[i], h), torch.bfloat16) for i in range(len(buffer.ranks))]
-        buffer.world.combine(handle.native, list(rows), order, y, buffer.streams())
+        y, _ = run_combine(buffer, handle, list(rows), order)
         ctx.buffer, ctx.handle = buffer, handle
         return tuple(y)
 
@@ -307,9 +339,7 @@ class _Combine(torch.autograd.Function):
             else g.to(torch.bfloat16).contiguous()
             for i, g in enumerate(grads)
         ]
-        grad_rows = [_empty(buffer, i, (handle.num_rows[i], h), torch.bfloat16) for i in range(len(buffer.ranks))]
-        buffer.world.combine_backward(handle.native, grad_y, grad_rows, buffer.streams())
-        return (None, None, None, *grad_rows)
+        return (None, None, None, *run_combine_backward(buffer, handle, grad_y))
 
 
 class _Box:

@@ -257,6 +257,13 @@ impl EpWorld {
         }
     }
 
+    /// Device address of rank `rank`'s error code (u32: 0 while no call since the last
+    /// [`Self::sync`] failed, else the first failure's code; a non-blocking call that overflowed
+    /// its row bound sets it), for a copy the device orders after the calls.
+    pub fn error_code_ptr(&self, rank: usize) -> u64 {
+        self.buffers.ptr(rank) + self.layout.error as u64
+    }
+
     /// The rank's symmetric buffer and its local in/out block, for uploads and downloads.
     pub fn buffer(&self, rank: usize) -> &DeviceBuffer {
         self.buffers.local(rank)

@@ -295,6 +295,25 @@ impl World {
         self.on_streams(streams, || Ok(self.ep.sync()?))
     }
 
+    /// Copies each local rank's error code into `codes[r]` (i32 `[1]`) on the caller's
+    /// streams: 0 while every call since the last [`Self::sync`] succeeded, else the first
+    /// failure's code (an overflow of a non-blocking dispatch's row bound among them), so the
+    /// device can test it without a host sync; [`Self::sync`] reports and clears it.
+    pub fn error_codes_into(&self, codes: &[TensorArg], streams: &[u64]) -> Result<()> {
+        let ranks = self.local_ranks();
+        let codes = per_rank("codes", codes, ranks.len())?;
+        for (i, r) in ranks.clone().enumerate() {
+            let dev = self.gpu(r).ordinal();
+            codes[i].check(&format!("codes[{i}]"), &[I32], &[Some(1)], dev)?;
+        }
+        self.on_streams(streams, || {
+            for (i, r) in ranks.clone().enumerate() {
+                self.copy(r, codes[i].ptr, self.ep.error_code_ptr(r), 4)?;
+            }
+            Ok(())
+        })
+    }
+
     /// dispatch_with_permute into `d`: `x[r]` `[T_r, H]` (bf16, or e4m3 with `x_scales[r]`
     /// `[T_r, H/128]` f32), `topk_idx[r]` i32 and `probs[r]` f32 `[T_r, K]`. Blocking without
     /// `row_bound` (the sizes are then known); with it, non-blocking and capturable: every rank's

@@ -228,6 +228,11 @@ impl PyWorld {
     fn hidden(&self) -> usize {
         self.world.spec().hidden
     }
+    /// The most rows one rank's dispatch can produce (the largest `num_rows_bound`).
+    #[getter]
+    fn max_rows(&self) -> usize {
+        self.world.spec().max_rows()
+    }
     #[getter]
     fn dtype(&self) -> &'static str {
         match self.world.dtype() {
@@ -253,6 +258,18 @@ impl PyWorld {
     /// the non-blocking ones.
     fn sync(&self, py: Python<'_>, streams: Vec<u64>) -> PyResult<()> {
         Ok(py.detach(|| self.world.sync(&streams))?)
+    }
+
+    /// Copies each local rank's error code (0: no failure since the last sync) into `codes`,
+    /// i32 `[1]` tensors, on the caller's `streams`.
+    fn error_codes_into(
+        &self,
+        py: Python<'_>,
+        codes: &Bound<'_, PyAny>,
+        streams: Vec<u64>,
+    ) -> PyResult<()> {
+        let codes = tensors("codes", codes)?;
+        Ok(py.detach(|| self.world.error_codes_into(&codes, &streams))?)
     }
 
     #[pyo3(signature = (handle, x, x_scales, topk_idx, probs, pad_multiple, num_rows_bound, streams))]

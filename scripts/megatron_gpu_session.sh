@@ -1,0 +1,45 @@
+#!/bin/bash
+# GPU session (one GPU) of Megatron-Core on megamoe's HybridEP-compatible buffer
+# (docs/INTEGRATION.md): the wheels of WHEEL_DIR (megamoe's, megatron_core 0.19.2's and the
+# pure-Python ones Megatron's tests import) installed into a scratch folder, the switch
+# (`python -m megamoe.compat install-deep-ep --target` that folder), the compat tests
+# (python/tests/test_compat_*.py), then scripts/megatron_checks.py: imports, Megatron's container
+# dispatcher tests (tp = ep = 1, hybridep, fusion off and on; MEGATRON_SRC is a Megatron-LM tree
+# whose tests/ they come from), the MoELayer parity against alltoall, a 60-step training run
+# (flex + megamoe, alltoall, alltoall from another seed), the EP1 speed table; last the loss plot
+# and a summary table (scripts/megatron_report.py).
+# Logs and JSON go to OUT_DIR (steps.txt has every step's exit code and time). The megamoe CLI
+# binary only reports its version here. About 6 minutes.
+# usage: scripts/megatron_gpu_session.sh MEGAMOE_BINARY WHEEL_DIR MEGATRON_SRC OUT_DIR [PYTHON]
+set -u
+bin=$(realpath "$1")
+wheels=$(realpath "$2")
+msrc=$(realpath "$3")
+out=$4
+py=${5:-python3}
+mkdir -p "$out"
+out=$(realpath "$out")
+cd "$(dirname "$0")/.."
+source scripts/gpu_session_lib.sh
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit --format=csv,noheader
+"$bin" --version
+site=$(wheel_site "$wheels" "$py")
+export PYTHONPATH=$site PYTHONUNBUFFERED=1
+run_step switch 60 "$py" -m megamoe.compat install-deep-ep --target "$site"
+"$py" -m megamoe.compat status | tee -a "$out/switch.txt"
+run_step compat_tests 240 "$py" -m pytest -q -rA -p no:cacheprovider python/tests/test_compat_cpu.py \
+  python/tests/test_compat_hybrid_ep_gpu.py
+tail -3 "$out/compat_tests.txt"
+checks=scripts/megatron_checks.py
+run_step imports 90 "$py" $checks imports --out "$out"
+run_step containers 240 "$py" $checks containers --out "$out" --megatron-src "$msrc"
+grep -E '^container|containers:' "$out/containers.txt"
+run_step parity 180 "$py" $checks parity --out "$out"
+grep -E '^parity' "$out/parity.txt"
+run_step train 240 "$py" $checks train --out "$out" --steps 60
+grep -E '^train' "$out/train.txt"
+run_step speed 300 "$py" $checks speed --out "$out"
+grep -E '^speed' "$out/speed.txt"
+run_step report 60 "$py" scripts/megatron_report.py "$out"
+cat "$out/steps.txt"
+cat "$out/report.txt"

@@ -153,8 +153,20 @@ def check_imports():
         "fused_flag_seen": cls is not None
         and "fuse_permute_dispatch" in inspect.signature(cls.dispatch_with_permute).parameters,
     }
+    # What Megatron's test container needs beyond megatron.core.
+    modules = ["megatron.training.initialize"]
+    if ARGS.megatron_src:
+        sys.path.insert(0, ARGS.megatron_src)
+        modules.append("tests.unit_tests.transformer.moe.test_token_dispatcher")
+    for name in modules:
+        try:
+            __import__(name)
+            info[name] = "ok"
+        except Exception as e:  # reported: the containers check needs it
+            info[name] = f"{type(e).__name__}: {e}"
     ok = (
-        info["HAVE_HYBRIDEP"]
+        all(info[name] == "ok" for name in modules)
+        and info["HAVE_HYBRIDEP"]
         and not info["HAVE_DEEP_EP"]
         and info["HybridEPBuffer"] == "megamoe.compat.hybrid_ep.HybridEPBuffer"
         and info["fused_flag_seen"]

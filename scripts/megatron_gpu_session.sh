@@ -31,7 +31,8 @@ run_step compat_tests 240 "$py" -m pytest -q -rA -p no:cacheprovider python/test
   python/tests/test_compat_hybrid_ep_gpu.py
 tail -3 "$out/compat_tests.txt"
 checks=scripts/megatron_checks.py
-run_step imports 90 "$py" $checks imports --out "$out"
+run_step imports 90 "$py" $checks imports --out "$out" --megatron-src "$msrc"
+cat "$out/imports.txt"
 run_step containers 240 "$py" $checks containers --out "$out" --megatron-src "$msrc"
 grep -E '^container|containers:' "$out/containers.txt"
 run_step parity 180 "$py" $checks parity --out "$out"

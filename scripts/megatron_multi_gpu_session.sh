@@ -23,7 +23,7 @@ export PYTHONPATH=$site PYTHONUNBUFFERED=1
 run_step switch 60 "$py" -m megamoe.compat install-deep-ep --target "$site"
 torchrun=("$py" -m torch.distributed.run --standalone --nproc_per_node "$n")
 checks=scripts/megatron_checks.py
-run_step imports 120 "${torchrun[@]}" $checks imports --out "$out"
+run_step imports 120 "${torchrun[@]}" $checks imports --out "$out" --megatron-src "$msrc"
 run_step containers 300 "${torchrun[@]}" $checks containers --out "$out" --megatron-src "$msrc"
 grep -E '^container|containers:' "$out/containers.txt"
 run_step parity 240 "${torchrun[@]}" $checks parity --out "$out"

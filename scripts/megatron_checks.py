@@ -374,17 +374,20 @@ def check_speed():
     fa = fused_a2a()
     group = dist.new_group(list(range(world_size())))
     hidden, ffn = 4096, 2048
+    all_sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     rows = []
     cells = [(4096, 8, 2), (4096, 32, 8), (8192, 8, 2), (8192, 32, 8)]
     if ARGS.quick:
         cells = cells[:1]
     for tokens, experts, topk in cells:
         row = dict(tokens=tokens, experts=experts, topk=topk)
-        # The layer, both dispatchers, same weights.
+        # The layer, both dispatchers, same weights; flex also with every SM for megamoe.
         layers = {}
         for d in ("alltoall", "flex"):
             layers[d] = moe_layer(moe_config(d, hidden, experts, topk, ffn))
+        layers["flex_allsms"] = moe_layer(moe_config("flex", hidden, experts, topk, ffn, moe_flex_dispatcher_num_sms=all_sms))
         layers["flex"].load_state_dict(layers["alltoall"].state_dict())
+        layers["flex_allsms"].load_state_dict(layers["alltoall"].state_dict())
         x = torch.randn(tokens, 1, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         g = torch.randn_like(x)
 
@@ -392,7 +395,10 @@ def check_speed():
             out, _ = layer(x)
             out.backward(g)
 
-        for d in ("alltoall", "flex", "alltoall", "flex"):
+        for d in ("alltoall", "flex", "flex_allsms", "alltoall", "flex", "flex_allsms"):
+            if d != "alltoall":
+                # One buffer at a time (Megatron's is global): the arm's own SM count.
+                fa.reset_hybrid_ep_buffer()
             row[f"layer_{d}_ms"] = cuda_ms(lambda: step(layers[d]))
         fa.reset_hybrid_ep_buffer()
         del layers
@@ -413,12 +419,12 @@ def check_speed():
                                       routing_map=routing_map)
             out.backward(gy)
 
-        def megamoe_loop(bound):
+        def megamoe_loop(bound, sms=None):
             xr = xs.detach().requires_grad_(True)
             pr = probs0.detach().requires_grad_(True)
             rows_, rprobs, _, _, handle = fa.hybrid_ep_dispatch(
                 x=xr, routing_map=routing_map, probs=pr, group=group, num_local_experts=experts // world_size(),
-                fused=True, num_permuted_tokens=bound)
+                fused=True, num_permuted_tokens=bound, num_sms_dispatch_api=sms, num_sms_combine_api=sms)
             out = fa.hybrid_ep_combine(x=(rows_ * rprobs.unsqueeze(-1)).to(torch.bfloat16), handle=handle,
                                        num_permuted_tokens=bound, pad_multiple=None, fused=True)
             out.backward(gy)
@@ -429,8 +435,15 @@ def check_speed():
             row["loop_megamoe_blocking_us"] = 1000 * cuda_ms(lambda: megamoe_loop(None))
             if bound is not None:
                 row["loop_megamoe_nonblocking_us"] = 1000 * cuda_ms(lambda: megamoe_loop(bound))
+        if tokens == cells[0][0] and experts == cells[0][1]:
+            # SMs per megamoe call (Megatron's moe_flex_dispatcher_num_sms), blocking loop.
+            for sms in (24, 48, 96, all_sms):
+                fa.reset_hybrid_ep_buffer()
+                row[f"loop_megamoe_blocking_{sms}sms_us"] = 1000 * cuda_ms(lambda: megamoe_loop(None, sms))
+            fa.reset_hybrid_ep_buffer()
         # Host time of one non-blocking call (no device wait inside): dispatch and combine.
         if bound is not None:
+            megamoe_loop(bound)  # the buffer, with megamoe's default SMs
             buf = fa._hybrid_ep_buffer
             host_d, host_c = [], []
             for _ in range(25):

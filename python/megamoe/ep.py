@@ -251,27 +251,29 @@ def run_dispatch(buffer: Buffer, handle: Handle, x, x_scales, topk_idx, probs, p
     return rows, row_scales, row_probs, tokens_per_expert
 
 
-def run_combine(buffer: Buffer, handle: Handle, rows, order: str, prob_grads=None):
+def run_combine(buffer: Buffer, handle: Handle, rows, order: str, prob_grads=None, wait: bool = True):
     """The combine of bf16 ``rows`` (per local rank, in ``handle``'s layout) in ``order``,
     without autograd. With ``prob_grads`` (f32 ``[rows_r]``) it is the dispatch's backward and
-    the prob gradients are scattered back too. Returns (y, grad_probs): lists per local rank of
-    bf16 ``[T_r, H]`` and f32 ``[T_r, K]`` (None without ``prob_grads``)."""
+    the prob gradients are scattered back too. After a blocking dispatch it waits for the call
+    unless ``wait`` is False (a failure is then reported by the next ``Buffer.sync()`` or
+    blocking dispatch). Returns (y, grad_probs): lists per local rank of bf16 ``[T_r, H]`` and
+    f32 ``[T_r, K]`` (None without ``prob_grads``)."""
     r, h, k = len(buffer.ranks), buffer.hidden, buffer.num_topk
     y = [_empty(buffer, i, (handle.num_tokens[i], h), torch.bfloat16) for i in range(r)]
-    if prob_grads is None:
-        buffer.world.combine(handle.native, rows, order, y, buffer.streams())
-        return y, None
-    grad_probs = [_empty(buffer, i, (handle.num_tokens[i], k), torch.float32) for i in range(r)]
-    buffer.world.combine(handle.native, rows, order, y, buffer.streams(), prob_grads, grad_probs)
+    grad_probs = None
+    if prob_grads is not None:
+        grad_probs = [_empty(buffer, i, (handle.num_tokens[i], k), torch.float32) for i in range(r)]
+    buffer.world.combine(handle.native, rows, order, y, buffer.streams(), prob_grads, grad_probs, wait)
     return y, grad_probs
 
 
-def run_combine_backward(buffer: Buffer, handle: Handle, grad_y):
+def run_combine_backward(buffer: Buffer, handle: Handle, grad_y, wait: bool = True):
     """The combine's backward without autograd: bf16 ``grad_y`` ``[T_r, H]`` per local rank
-    dispatched along ``handle``'s routing; returns the bf16 row gradients ``[rows_r, H]``."""
+    dispatched along ``handle``'s routing (waited for as in :func:`run_combine`); returns the
+    bf16 row gradients ``[rows_r, H]``."""
     h = buffer.hidden
     grad_rows = [_empty(buffer, i, (handle.num_rows[i], h), torch.bfloat16) for i in range(len(buffer.ranks))]
-    buffer.world.combine_backward(handle.native, grad_y, grad_rows, buffer.streams())
+    buffer.world.combine_backward(handle.native, grad_y, grad_rows, buffer.streams(), wait)
     return grad_rows
 
 

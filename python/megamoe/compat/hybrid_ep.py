@@ -29,7 +29,10 @@ the host: ``rows`` has ``num_permuted_tokens`` rows (those past the dispatched o
 meaningful, as with HybridEP), ``tokens_per_expert`` stays on the GPU (int64), and a dispatch that
 needs more rows than the budget moves no rows and sets the overflow flag ``handle[-1]`` (an int32
 ``[1]`` GPU tensor, nonzero on overflow; Megatron reads it when a capacity factor is set).
-``pad_multiple`` pads each expert's segment with zero rows of prob 0.
+``pad_multiple`` pads each expert's segment with zero rows of prob 0. Combines and both backwards
+never wait on the host: a failure of theirs (or of a non-blocking dispatch) is raised by the next
+blocking dispatch or :meth:`HybridEPBuffer.sync`, except a budget overflow, which its flag
+reported. Handles are recycled once nothing holds them (no device allocation per call).
 
 Top-k: megamoe routes in top-k form (``[T, K]`` expert ids, at most 8 per token). The buffer
 converts ``routing_map`` and ``probs`` on the GPU (no host sync in the non-blocking mode). Its
@@ -37,9 +40,9 @@ bound K is the constructor's ``num_topk``, else the environment variable
 ``MEGAMOE_HYBRID_EP_NUM_TOPK`` (for buffers Megatron builds: set it to ``moe_router_topk`` in
 dropless runs to size the buffer for top-k rows), else min(8, E), which holds any routing of up
 to 8 experts per token (padding to capacity can give a token more than its top-k). A token with
-more than K experts is a ValueError naming routing_map in a blocking dispatch; in a non-blocking
-one (where the host does not read the routing) its experts past K are not routed and the
-overflow flag is set.
+more than K experts is a ValueError naming routing_map in a blocking dispatch (read once the
+dispatch has waited; nothing of it is returned); in a non-blocking one (where the host does not
+read the routing) its experts past K are not routed and the overflow flag is set.
 
 Ranks: one process per GPU through the torch.distributed ``group`` Megatron passes (its
 expert-parallel group; a group of one works the same way), on the current CUDA device; or
@@ -52,6 +55,7 @@ ValueError naming the argument, raised before anything is written; the buffer st
 """
 
 import os
+import weakref
 from typing import NamedTuple
 
 from .._tensors import torch as _torch
@@ -173,6 +177,8 @@ class HybridEPBuffer:
         """The megamoe.ep.Buffer, built at the first dispatch (the constructor touches no GPU)."""
         self._unsynced = False
         """Whether non-blocking calls ran since the last sync (their failures are pending)."""
+        self._free_states = []
+        """Native handles of dispatches no one holds any more, for the next dispatches."""
 
     @property
     def num_experts(self) -> int:
@@ -294,19 +300,14 @@ class HybridEPBuffer:
             self._check_tensor("routing_map" + sfx, ri, th.bool, (t, e), devices[i])
             if p is not None:
                 self._check_tensor("probs" + sfx, p[i], th.float32, (t, e), devices[i])
-        experts_per_token = [r.sum(dim=1) for r in rmap]
+        # Each rank's largest number of experts of one token (None without tokens), on the GPU.
+        most = [r.sum(dim=1).amax() if r.shape[0] else None for r in rmap]
         if self._ep is None:
             self._build()
         ep = self._ep
         k = ep.num_topk
-        if bound is None:
-            # Blocking: the host reads the routing's largest row.
-            need = max((int(c.max()) if c.numel() else 0) for c in experts_per_token)
-            if need > k:
-                raise ValueError(f"routing_map: a token routes to {need} experts, the buffer's top-k "
-                                 f"bound is {k} (num_topk, or MEGAMOE_HYBRID_EP_NUM_TOPK; at most {MAX_TOPK})")
-            if self._unsynced:
-                self.sync()
+        if bound is None and self._unsynced:
+            self.sync()
         idx64, idx32, pk = [], [], []
         for i, ri in enumerate(rmap):
             present, idx = ri.view(th.uint8).topk(k, dim=1)
@@ -319,22 +320,27 @@ class HybridEPBuffer:
                 pk.append(p[i].gather(1, idx.clamp_min(0)).mul_(present))
         # The megamoe buffer's rows bound its output; a larger budget is met with zero rows.
         rows_bound = None if bound is None else min(bound, ep.world.max_rows)
-        state = ep.new_handle()
         from .. import ep as mep
 
+        state = self._new_state(mep)
         rows, _, row_probs, tpe = mep.run_dispatch(
             ep, state, [xi.contiguous() for xi in x], None, idx32, pk, pad, rows_bound
         )
         flags = [th.zeros(1, dtype=th.int32, device=d) for d in ep.devices]
         if bound is None:
+            # Blocking: the dispatch has waited, so reading the routing's largest row is cheap.
+            need = max((int(m) for m in most if m is not None), default=0)
+            if need > k:
+                raise ValueError(f"routing_map: a token routes to {need} experts, the buffer's top-k "
+                                 f"bound is {k} (num_topk, or {TOPK_ENV}; at most {MAX_TOPK})")
             tpe = [th.tensor(t, dtype=th.int64).pin_memory() for t in tpe]
             public_rows = list(state.num_rows)
         else:
             self._unsynced = True
             ep.world.error_codes_into(flags, ep.streams())
-            for f, c in zip(flags, experts_per_token):
-                if c.numel():
-                    f.bitwise_or_((c.max(dim=0, keepdim=True).values > k).to(th.int32))
+            for f, m in zip(flags, most):
+                if m is not None:
+                    f.bitwise_or_(m.gt(k).to(th.int32))
             tpe = [t.to(th.int64) for t in tpe]
             if not non_blocking:
                 tpe = [t.cpu().pin_memory() for t in tpe]
@@ -366,6 +372,14 @@ class HybridEPBuffer:
         """The one rank's value of a process-group buffer, the list of a virtual world."""
         return values[0] if self.group is not None else values
 
+    def _new_state(self, mep):
+        """A megamoe handle for a dispatch: one whose last user has gone (its calls were queued
+        before this one on the same streams), else a new one (device memory)."""
+        native = self._free_states.pop() if self._free_states else self._ep.world.new_handle()
+        state = mep.Handle(native)
+        weakref.finalize(state, self._free_states.append, native)
+        return state
+
     def _build(self):
         """The megamoe buffer, built at the first dispatch."""
         from .. import ep as mep
@@ -396,7 +410,7 @@ class HybridEPBuffer:
             self._check_tensor("hidden" + sfx, gi, th.bfloat16, (state.num_tokens[i], self.hidden_dim), ep.devices[i])
         from .. import ep as mep
 
-        rows = mep.run_combine_backward(ep, state, [gi.contiguous() for gi in g])
+        rows = mep.run_combine_backward(ep, state, [gi.contiguous() for gi in g], wait=False)
         rows = [r if r.shape[0] == n else th.cat([r, r.new_zeros(n - r.shape[0], self.hidden_dim)])
                 for r, n in zip(rows, handle.num_rows)]
         return self._one(rows), None, None, None, handle
@@ -446,7 +460,7 @@ class HybridEPBuffer:
             grads = [g[: n[i]].contiguous() for i, g in enumerate(grads)]
         from .. import ep as mep
 
-        y, grad_k = mep.run_combine(ep, state, rows, "per_rank", grads)
+        y, grad_k = mep.run_combine(ep, state, rows, "per_rank", grads, wait=False)
         if grad_k is None:
             return self._one(y), None
         grad_e = []

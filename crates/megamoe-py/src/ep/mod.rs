@@ -124,11 +124,12 @@ pub struct Dispatch {
 }
 
 impl Dispatch {
-    /// The sync mode the dispatch ran with, which its combine and backwards keep.
-    fn mode(&self) -> SyncMode {
-        match self.tokens_per_expert {
-            Some(_) => SyncMode::Blocking,
-            None => SyncMode::NonBlocking {
+    /// The sync mode the dispatch ran with, which its combine and backwards keep unless the
+    /// caller does not `wait` for them (their failures are then reported by the next sync).
+    fn mode(&self, wait: bool) -> SyncMode {
+        match (&self.tokens_per_expert, wait) {
+            (Some(_), true) => SyncMode::Blocking,
+            _ => SyncMode::NonBlocking {
                 row_bound: self.rows.first().copied().unwrap_or(0),
             },
         }
@@ -493,9 +494,10 @@ impl World {
         })
     }
 
-    /// combine_with_unpermute (blocking) of `rows[r]` bf16 `[rows_r, H]` into `y[r]` bf16
-    /// `[T_r, H]` in `order`. With `prob_grads` (`[rows_r]` f32) and `grad_probs` (`[T_r, K]`
-    /// f32) it is dispatch's backward: the prob gradients are scattered back too.
+    /// combine_with_unpermute of `rows[r]` bf16 `[rows_r, H]` into `y[r]` bf16 `[T_r, H]` in
+    /// `order`, waiting for it after a blocking dispatch when `wait`. With `prob_grads`
+    /// (`[rows_r]` f32) and `grad_probs` (`[T_r, K]` f32) it is dispatch's backward: the prob
+    /// gradients are scattered back too.
     #[allow(clippy::too_many_arguments)]
     pub fn combine(
         &self,
@@ -505,6 +507,7 @@ impl World {
         order: &str,
         y: &[TensorArg],
         streams: &[u64],
+        wait: bool,
     ) -> Result<()> {
         self.check_filled(d)?;
         let order = combine_order(order)?;
@@ -544,7 +547,7 @@ impl World {
                 }
             }
             self.ep
-                .combine(&d.handle, grads.is_some(), order, d.mode())?;
+                .combine(&d.handle, grads.is_some(), order, d.mode(wait))?;
             for (i, r) in ranks.clone().enumerate() {
                 let (p, t) = (self.ep.ptrs(r), d.tokens[i]);
                 self.copy(r, y[i].ptr, p.y, t * h * 2)?;
@@ -556,14 +559,16 @@ impl World {
         })
     }
 
-    /// Combine's backward (blocking): `grad_y[r]` bf16 `[T_r, H]` dispatched along `d`'s
-    /// routing into `grad_rows[r]` bf16 `[rows_r, H]` (padding rows zero).
+    /// Combine's backward: `grad_y[r]` bf16 `[T_r, H]` dispatched along `d`'s routing into
+    /// `grad_rows[r]` bf16 `[rows_r, H]` (padding rows zero), waiting for it after a blocking
+    /// dispatch when `wait`.
     pub fn combine_backward(
         &self,
         d: &Dispatch,
         grad_y: &[TensorArg],
         grad_rows: &[TensorArg],
         streams: &[u64],
+        wait: bool,
     ) -> Result<()> {
         self.check_filled(d)?;
         let s = self.spec();
@@ -586,7 +591,7 @@ impl World {
             for (g, (i, r)) in grad_y.iter().zip(ranks.clone().enumerate()) {
                 self.copy(r, self.ep.ptrs(r).x, g.ptr, d.tokens[i] * h * 2)?;
             }
-            self.ep.combine_backward(&d.handle, d.mode())?;
+            self.ep.combine_backward(&d.handle, d.mode(wait))?;
             for (g, (i, r)) in grad_rows.iter().zip(ranks.clone().enumerate()) {
                 self.copy(r, g.ptr, self.ep.ptrs(r).out_rows, d.rows[i] * h * 2)?;
             }

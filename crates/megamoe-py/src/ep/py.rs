@@ -317,7 +317,7 @@ impl PyWorld {
         })?)
     }
 
-    #[pyo3(signature = (handle, rows, order, y, streams, prob_grads = None, grad_probs = None))]
+    #[pyo3(signature = (handle, rows, order, y, streams, prob_grads = None, grad_probs = None, wait = true))]
     #[allow(clippy::too_many_arguments)]
     fn combine(
         &self,
@@ -329,6 +329,7 @@ impl PyWorld {
         streams: Vec<u64>,
         prob_grads: Option<&Bound<'_, PyAny>>,
         grad_probs: Option<&Bound<'_, PyAny>>,
+        wait: bool,
     ) -> PyResult<()> {
         let (rows, y) = (tensors("rows", rows)?, tensors("y", y)?);
         let grads = match (prob_grads, grad_probs) {
@@ -343,9 +344,13 @@ impl PyWorld {
         };
         let d = &handle.d;
         let grads = grads.as_ref().map(|(g, o)| (g.as_slice(), o.as_slice()));
-        Ok(py.detach(|| self.world.combine(d, &rows, grads, order, &y, &streams))?)
+        Ok(py.detach(|| {
+            self.world
+                .combine(d, &rows, grads, order, &y, &streams, wait)
+        })?)
     }
 
+    #[pyo3(signature = (handle, grad_y, grad_rows, streams, wait = true))]
     fn combine_backward(
         &self,
         py: Python<'_>,
@@ -353,10 +358,11 @@ impl PyWorld {
         grad_y: &Bound<'_, PyAny>,
         grad_rows: &Bound<'_, PyAny>,
         streams: Vec<u64>,
+        wait: bool,
     ) -> PyResult<()> {
         let (gy, gr) = (tensors("grad_y", grad_y)?, tensors("grad_rows", grad_rows)?);
         let d = &handle.d;
-        Ok(py.detach(|| self.world.combine_backward(d, &gy, &gr, &streams))?)
+        Ok(py.detach(|| self.world.combine_backward(d, &gy, &gr, &streams, wait))?)
     }
 }
 

@@ -3,7 +3,7 @@
 # (docs/INTEGRATION.md): the wheels of WHEEL_DIR (megamoe's, megatron_core 0.19.2's and the
 # pure-Python ones Megatron's tests import) installed into a scratch folder, the switch
 # (`python -m megamoe.compat install-deep-ep --target` that folder), the compat tests
-# (python/tests/test_compat_*.py), then scripts/megatron_checks.py: imports, Megatron's container
+# (python/tests/test_compat_*.py) and megamoe.ep's (test_gpu_ep.py), then scripts/megatron_checks.py: imports, Megatron's container
 # dispatcher tests (tp = ep = 1, hybridep, fusion off and on; MEGATRON_SRC is a Megatron-LM tree
 # whose tests/ they come from), the MoELayer parity against alltoall, a 60-step training run
 # (flex + megamoe, alltoall, alltoall from another seed), the EP1 speed table; last the loss plot
@@ -30,6 +30,10 @@ run_step switch 60 "$py" -m megamoe.compat install-deep-ep --target "$site"
 run_step compat_tests 240 "$py" -m pytest -q -rA -p no:cacheprovider python/tests/test_compat_cpu.py \
   python/tests/test_compat_hybrid_ep_gpu.py
 tail -3 "$out/compat_tests.txt"
+# megamoe.ep's own GPU tests: its host path (run_dispatch/run_combine, the combine writing into
+# the caller's tensors) keeps its answers.
+run_step ep_tests 300 "$py" -m pytest -q -rA -p no:cacheprovider python/tests/test_gpu_ep.py
+tail -3 "$out/ep_tests.txt"
 checks=scripts/megatron_checks.py
 run_step imports 90 "$py" $checks imports --out "$out" --megatron-src "$msrc"
 cat "$out/imports.txt"

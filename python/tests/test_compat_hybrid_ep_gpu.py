@@ -78,10 +78,11 @@ def split(ins):
     return [[t[i] for t in ins] for i in range(3)]
 
 
-@pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.parametrize("ranks, num_topk", [(1, None), (2, None), (2, 3)])
 @pytest.mark.parametrize("pad", [None, 16])
-def test_dispatch_combine_and_their_backwards_match_pytorch(ranks, pad):
-    b = buffer(ranks)
+def test_dispatch_combine_and_their_backwards_match_pytorch(ranks, num_topk, pad):
+    """K = E (the default here: every column a slot) and K < E (top-k of the map's columns)."""
+    b = buffer(ranks, num_topk)
     ins = inputs(ranks, 2, seed=ranks * 10 + (pad or 0))
     x, rmap, probs = split(ins)
     rows, row_probs, scale, tpe, handle = b.dispatch_with_permute(

@@ -77,7 +77,7 @@ class Handle(NamedTuple):
     state: object
     """The megamoe.ep.Handle."""
     topk_idx: list
-    """Per rank the int64 ``[T_r, K]`` expert ids (-1: no expert), for the probs' gradient."""
+    """Per rank the int32 ``[T_r, K]`` expert ids (-1: no expert), for the probs' gradient."""
     num_experts: int
     pad_multiple: int
     num_rows: list
@@ -179,6 +179,9 @@ class HybridEPBuffer:
         """Whether non-blocking calls ran since the last sync (their failures are pending)."""
         self._free_states = []
         """Native handles of dispatches no one holds any more, for the next dispatches."""
+        self._column_ids = {}
+        self._zero_flags = None
+        """The overflow flags of blocking dispatches (zero, never written), per rank."""
 
     @property
     def num_experts(self) -> int:
@@ -300,33 +303,28 @@ class HybridEPBuffer:
             self._check_tensor("routing_map" + sfx, ri, th.bool, (t, e), devices[i])
             if p is not None:
                 self._check_tensor("probs" + sfx, p[i], th.float32, (t, e), devices[i])
-        # Each rank's largest number of experts of one token (None without tokens), on the GPU.
-        most = [r.sum(dim=1).amax() if r.shape[0] else None for r in rmap]
         if self._ep is None:
             self._build()
         ep = self._ep
         k = ep.num_topk
+        # Each rank's largest number of experts of one token, on the GPU (None where no token can
+        # pass K: K = E, or no tokens).
+        most = [r.sum(dim=1).amax() if r.shape[0] and k < e else None for r in rmap]
         if bound is None and self._unsynced:
             self.sync()
-        idx64, idx32, pk = [], [], []
+        idx, pk = [], []
         for i, ri in enumerate(rmap):
-            present, idx = ri.view(th.uint8).topk(k, dim=1)
-            idx = idx.masked_fill_(present == 0, -1)
-            idx64.append(idx)
-            idx32.append(idx.to(th.int32))
-            if p is None:
-                pk.append(present.to(th.float32))
-            else:
-                pk.append(p[i].gather(1, idx.clamp_min(0)).mul_(present))
+            ii, pi = self._topk(ri, None if p is None else p[i], k)
+            idx.append(ii)
+            pk.append(pi)
         # The megamoe buffer's rows bound its output; a larger budget is met with zero rows.
         rows_bound = None if bound is None else min(bound, ep.world.max_rows)
         from .. import ep as mep
 
         state = self._new_state(mep)
         rows, _, row_probs, tpe = mep.run_dispatch(
-            ep, state, [xi.contiguous() for xi in x], None, idx32, pk, pad, rows_bound
+            ep, state, [xi.contiguous() for xi in x], None, idx, pk, pad, rows_bound
         )
-        flags = [th.zeros(1, dtype=th.int32, device=d) for d in ep.devices]
         if bound is None:
             # Blocking: the dispatch has waited, so reading the routing's largest row is cheap.
             need = max((int(m) for m in most if m is not None), default=0)
@@ -335,8 +333,10 @@ class HybridEPBuffer:
                                  f"bound is {k} (num_topk, or {TOPK_ENV}; at most {MAX_TOPK})")
             tpe = [th.tensor(t, dtype=th.int64).pin_memory() for t in tpe]
             public_rows = list(state.num_rows)
+            flags = self._zero_flags
         else:
             self._unsynced = True
+            flags = [th.empty(1, dtype=th.int32, device=d) for d in ep.devices]
             ep.world.error_codes_into(flags, ep.streams())
             for f, m in zip(flags, most):
                 if m is not None:
@@ -348,7 +348,7 @@ class HybridEPBuffer:
                 rows = [th.cat([r, r.new_zeros(bound - rows_bound, h)]) for r in rows]
                 row_probs = [th.cat([q, q.new_zeros(bound - rows_bound)]) for q in row_probs]
             public_rows = [bound] * len(rows)
-        handle = Handle(self, ep, state, idx64, e, pad, public_rows, self._one(flags))
+        handle = Handle(self, ep, state, idx, e, pad, public_rows, self._one(flags))
         return (self._one(rows), None if p is None else self._one(row_probs), None, self._one(tpe), handle)
 
     def sync(self):
@@ -372,6 +372,30 @@ class HybridEPBuffer:
         """The one rank's value of a process-group buffer, the list of a virtual world."""
         return values[0] if self.group is not None else values
 
+    def _topk(self, routing_map, probs, k):
+        """One rank's routing in megamoe's top-k form on the GPU: int32 expert ids ``[T, k]``
+        (-1: none) and f32 probs ``[T, k]`` (ones without ``probs``). With k = E the ids are the
+        columns where the map is set and the probs are ``probs`` itself (a masked slot's weight is
+        never read)."""
+        th = _torch()
+        e = routing_map.shape[1]
+        if k == e:
+            idx = th.where(routing_map, self._columns(routing_map.device, e), -1)
+            return idx, (routing_map.to(th.float32) if probs is None else probs.contiguous())
+        present, idx = routing_map.view(th.uint8).topk(k, dim=1)
+        idx = idx.masked_fill_(present == 0, -1)
+        if probs is None:
+            return idx.to(th.int32), present.to(th.float32)
+        return idx.to(th.int32), probs.gather(1, idx.clamp_min(0)).mul_(present)
+
+    def _columns(self, device, e):
+        """int32 ``[E]``: 0 .. E-1 on ``device`` (kept)."""
+        th = _torch()
+        key = (device, e)
+        if key not in self._column_ids:
+            self._column_ids[key] = th.arange(e, dtype=th.int32, device=device)
+        return self._column_ids[key]
+
     def _new_state(self, mep):
         """A megamoe handle for a dispatch: one whose last user has gone (its calls were queued
         before this one on the same streams), else a new one (device memory)."""
@@ -381,7 +405,7 @@ class HybridEPBuffer:
         return state
 
     def _build(self):
-        """The megamoe buffer, built at the first dispatch."""
+        """The megamoe buffer (and the blocking dispatches' flags), built at the first dispatch."""
         from .. import ep as mep
 
         args = dict(
@@ -397,6 +421,8 @@ class HybridEPBuffer:
             self._ep = mep.Buffer.for_process_group(group=self.group, **args)
         else:
             self._ep = mep.Buffer(self.num_ranks, **args)
+        th = _torch()
+        self._zero_flags = [th.zeros(1, dtype=th.int32, device=d) for d in self._ep.devices]
 
     def _dispatch_backward(self, grad, handle, pad_multiple):
         """The combine's backward: ``grad`` ``[T, H]`` dispatched along ``handle``."""
@@ -465,9 +491,12 @@ class HybridEPBuffer:
             return self._one(y), None
         grad_e = []
         for idx, gk in zip(handle.topk_idx, grad_k):
+            gk = gk.masked_fill_(idx < 0, 0.0)
+            if idx.shape[1] == handle.num_experts:
+                grad_e.append(gk)  # slot j is expert j
+                continue
             out = th.zeros((idx.shape[0], handle.num_experts), dtype=th.float32, device=gk.device)
-            out.scatter_add_(1, idx.clamp_min(0), gk.masked_fill_(idx < 0, 0.0))
-            grad_e.append(out)
+            grad_e.append(out.scatter_add_(1, idx.long().clamp_min_(0), gk))
         return self._one(y), self._one(grad_e)
 
 

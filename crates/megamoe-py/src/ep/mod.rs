@@ -17,7 +17,8 @@ use std::ops::Range;
 
 use megamoe_cuda::{AllGather, Gpu};
 use megamoe_ep::{
-    BufferSpec, CombineOrder, EpConfig, EpError, EpWorld, Handle, RowDtype, SyncMode,
+    BufferSpec, CombineOrder, CombineOutputs, EpConfig, EpError, EpWorld, Handle, RowDtype,
+    SyncMode,
 };
 
 use crate::api::{count, process_rank};
@@ -538,6 +539,15 @@ impl World {
                 )?;
             }
         }
+        // The kernel writes y and the prob gradients straight into the caller's tensors.
+        let outputs: Vec<CombineOutputs> = ranks
+            .clone()
+            .enumerate()
+            .map(|(i, r)| CombineOutputs {
+                y: y[i].ptr,
+                grad_probs: grads.map_or(self.ep.ptrs(r).grad_probs, |(_, out)| out[i].ptr),
+            })
+            .collect();
         self.on_streams(streams, || {
             for (i, r) in ranks.clone().enumerate() {
                 let (p, n) = (self.ep.ptrs(r), d.rows[i]);
@@ -546,16 +556,9 @@ impl World {
                     self.copy(r, p.comb_prob_grads, g[i].ptr, n * 4)?;
                 }
             }
-            self.ep
-                .combine(&d.handle, grads.is_some(), order, d.mode(wait))?;
-            for (i, r) in ranks.clone().enumerate() {
-                let (p, t) = (self.ep.ptrs(r), d.tokens[i]);
-                self.copy(r, y[i].ptr, p.y, t * h * 2)?;
-                if let Some((_, out)) = grads {
-                    self.copy(r, out[i].ptr, p.grad_probs, t * k * 4)?;
-                }
-            }
-            Ok(())
+            Ok(self
+                .ep
+                .combine_into(&d.handle, grads.is_some(), order, d.mode(wait), &outputs)?)
         })
     }
 

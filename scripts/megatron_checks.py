@@ -34,6 +34,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from bench_gemm_torch import time_us  # CUDA events, 3 warm-ups, median of 20 (scripts/)
 
 ARGS = None
 
@@ -353,18 +354,8 @@ def check_train():
     return learned and summary["mean_abs_diff_last"] <= max(2 * summary["seed_noise_mean_abs_diff_last"], 0.05)
 
 
-def cuda_ms(fn, iters=20, warmup=3):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+def time_ms(fn):
+    return time_us(fn) / 1000
 
 
 def check_speed():
@@ -399,7 +390,7 @@ def check_speed():
             if d != "alltoall":
                 # One buffer at a time (Megatron's is global): the arm's own SM count.
                 fa.reset_hybrid_ep_buffer()
-            row[f"layer_{d}_ms"] = cuda_ms(lambda: step(layers[d]))
+            row[f"layer_{d}_ms"] = time_ms(lambda: step(layers[d]))
         fa.reset_hybrid_ep_buffer()
         del layers
         # The loop alone: routing of top-k over random scores, probs f32.
@@ -431,15 +422,15 @@ def check_speed():
 
         bound = n_out if world_size() == 1 else None
         for _ in range(2):
-            row["loop_torch_us"] = 1000 * cuda_ms(torch_loop)
-            row["loop_megamoe_blocking_us"] = 1000 * cuda_ms(lambda: megamoe_loop(None))
+            row["loop_torch_us"] = time_us(torch_loop)
+            row["loop_megamoe_blocking_us"] = time_us(lambda: megamoe_loop(None))
             if bound is not None:
-                row["loop_megamoe_nonblocking_us"] = 1000 * cuda_ms(lambda: megamoe_loop(bound))
+                row["loop_megamoe_nonblocking_us"] = time_us(lambda: megamoe_loop(bound))
         if tokens == cells[0][0] and experts == cells[0][1]:
             # SMs per megamoe call (Megatron's moe_flex_dispatcher_num_sms), blocking loop.
             for sms in (24, 48, 96, all_sms):
                 fa.reset_hybrid_ep_buffer()
-                row[f"loop_megamoe_blocking_{sms}sms_us"] = 1000 * cuda_ms(lambda: megamoe_loop(None, sms))
+                row[f"loop_megamoe_blocking_{sms}sms_us"] = time_us(lambda: megamoe_loop(None, sms))
             fa.reset_hybrid_ep_buffer()
         # Host time of one non-blocking call (no device wait inside): dispatch and combine.
         if bound is not None:

@@ -451,6 +451,25 @@ def check_speed():
             torch.cuda.synchronize()
             row["host_dispatch_us"] = statistics.median(host_d[5:])
             row["host_combine_us"] = statistics.median(host_c[5:])
+            # The same calls' megamoe.ep part alone (routing already in top-k form): what is
+            # left is the buffer's own Python (checks, the routing's conversion).
+            from megamoe import ep as mep
+
+            idx, pk = buf._topk(routing_map, probs0, buf._ep.num_topk)
+            native_d, native_c = [], []
+            for _ in range(25):
+                torch.cuda.synchronize()
+                state = buf._new_state(mep)
+                t0 = time.perf_counter()
+                r, _, _, _ = mep.run_dispatch(buf._ep, state, [xs], None, [idx], [pk], 1, bound)
+                t1 = time.perf_counter()
+                mep.run_combine(buf._ep, state, r, "per_rank", None, wait=False)
+                t2 = time.perf_counter()
+                native_d.append(1e6 * (t1 - t0))
+                native_c.append(1e6 * (t2 - t1))
+            torch.cuda.synchronize()
+            row["host_ep_dispatch_us"] = statistics.median(native_d[5:])
+            row["host_ep_combine_us"] = statistics.median(native_c[5:])
         fa.reset_hybrid_ep_buffer()
         rows.append(row)
         log("speed:", json.dumps({k: (round(v, 1) if isinstance(v, float) else v) for k, v in row.items()}))

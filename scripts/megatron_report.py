@@ -59,15 +59,16 @@ def table(out):
                      f"(seed noise {s['seed_noise_mean_abs_diff_last']:.4f})")
     speed = load(out, "speed.json")
     if speed:
-        lines.append("speed       T     E  k  layer a2a ms  layer flex ms  flex all SMs ms  loop torch us  loop mm blk us  loop mm nb us  host d/c us")
+        lines.append("speed       T     E  k  layer a2a ms  layer flex ms  flex all SMs ms  loop torch us  loop mm blk us  loop mm nb us  host d/c us  of it ep d/c us")
         for r in speed:
             nb = r.get("loop_megamoe_nonblocking_us")
             host = f"{r['host_dispatch_us']:.0f}/{r['host_combine_us']:.0f}" if "host_dispatch_us" in r else "-"
+            host_ep = f"{r['host_ep_dispatch_us']:.0f}/{r['host_ep_combine_us']:.0f}" if "host_ep_dispatch_us" in r else "-"
             lines.append(
                 f"            {r['tokens']:<5} {r['experts']:<2} {r['topk']}  {r['layer_alltoall_ms']:12.2f}  "
                 f"{r['layer_flex_ms']:13.2f}  {r['layer_flex_allsms_ms']:15.2f}  {r['loop_torch_us']:13.0f}  "
                 f"{r['loop_megamoe_blocking_us']:14.0f}  "
-                f"{'-' if nb is None else f'{nb:13.0f}':>13}  {host:>11}"
+                f"{'-' if nb is None else f'{nb:13.0f}':>13}  {host:>11}  {host_ep:>14}"
             )
         sweep = {k: v for r in speed for k, v in r.items() if k.startswith("loop_megamoe_blocking_") and "sms" in k}
         if sweep:

@@ -226,13 +226,16 @@ def _empty(buffer: Buffer, i: int, shape, dtype) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=buffer.devices[i])
 
 
-def run_dispatch(buffer: Buffer, handle: Handle, x, x_scales, topk_idx, probs, pad_multiple, num_rows_bound):
+def run_dispatch(buffer: Buffer, handle: Handle, x, x_scales, topk_idx, probs, pad_multiple, num_rows_bound,
+                 codes=None):
     """The dispatch into ``handle`` and the copy of its results out, without autograd (the
     calls :func:`dispatch_with_permute` and the compatibility layers make). Per local rank:
     ``x`` (bf16, or e4m3 with f32 ``x_scales`` on FP8 buffers), int32 ``topk_idx`` and f32
-    ``probs``. Returns lists per local rank: rows (the buffer's dtype), their scales (FP8, else
-    None), row probs, and tokens_per_expert (lists of ints, or int32 device tensors after a
-    non-blocking dispatch)."""
+    ``probs``; ``codes``, when given, int32 ``[1]`` tensors that receive each rank's error code
+    after the call (0: no failure since the last sync; set by an overflow of
+    ``num_rows_bound``, which moves no rows), for the device to test. Returns lists per local
+    rank: rows (the buffer's dtype), their scales (FP8, else None), row probs, and
+    tokens_per_expert (lists of ints, or int32 device tensors after a non-blocking dispatch)."""
     r, h = len(buffer.ranks), buffer.hidden
     fp8 = buffer.dtype == "fp8"
     streams = buffer.streams()
@@ -247,7 +250,7 @@ def run_dispatch(buffer: Buffer, handle: Handle, x, x_scales, topk_idx, probs, p
         local = buffer.num_experts // buffer.num_ranks
         counts = [_empty(buffer, i, (local,), torch.int32) for i in range(r)]
         tokens_per_expert = counts
-    buffer.world.read_dispatch(handle.native, rows, row_scales, row_probs, counts, streams)
+    buffer.world.read_dispatch(handle.native, rows, row_scales, row_probs, counts, streams, codes)
     return rows, row_scales, row_probs, tokens_per_expert
 
 

@@ -322,8 +322,10 @@ class HybridEPBuffer:
         from .. import ep as mep
 
         state = self._new_state(mep)
+        # Non-blocking: each rank's error code lands in its overflow flag (no host wait).
+        flags = None if bound is None else [th.empty(1, dtype=th.int32, device=d) for d in ep.devices]
         rows, _, row_probs, tpe = mep.run_dispatch(
-            ep, state, [xi.contiguous() for xi in x], None, idx, pk, pad, rows_bound
+            ep, state, [xi.contiguous() for xi in x], None, idx, pk, pad, rows_bound, flags
         )
         if bound is None:
             # Blocking: the dispatch has waited, so reading the routing's largest row is cheap.
@@ -336,8 +338,6 @@ class HybridEPBuffer:
             flags = self._zero_flags
         else:
             self._unsynced = True
-            flags = [th.empty(1, dtype=th.int32, device=d) for d in ep.devices]
-            ep.world.error_codes_into(flags, ep.streams())
             for f, m in zip(flags, most):
                 if m is not None:
                     f.bitwise_or_(m.gt(k).to(th.int32))

@@ -297,25 +297,6 @@ impl World {
         self.on_streams(streams, || Ok(self.ep.sync()?))
     }
 
-    /// Copies each local rank's error code into `codes[r]` (i32 `[1]`) on the caller's
-    /// streams: 0 while every call since the last [`Self::sync`] succeeded, else the first
-    /// failure's code (an overflow of a non-blocking dispatch's row bound among them), so the
-    /// device can test it without a host sync; [`Self::sync`] reports and clears it.
-    pub fn error_codes_into(&self, codes: &[TensorArg], streams: &[u64]) -> Result<()> {
-        let ranks = self.local_ranks();
-        let codes = per_rank("codes", codes, ranks.len())?;
-        for (i, r) in ranks.clone().enumerate() {
-            let dev = self.gpu(r).ordinal();
-            codes[i].check(&format!("codes[{i}]"), &[I32], &[Some(1)], dev)?;
-        }
-        self.on_streams(streams, || {
-            for (i, r) in ranks.clone().enumerate() {
-                self.copy(r, codes[i].ptr, self.ep.error_code_ptr(r), 4)?;
-            }
-            Ok(())
-        })
-    }
-
     /// dispatch_with_permute into `d`: `x[r]` `[T_r, H]` (bf16, or e4m3 with `x_scales[r]`
     /// `[T_r, H/128]` f32), `topk_idx[r]` i32 and `probs[r]` f32 `[T_r, K]`. Blocking without
     /// `row_bound` (the sizes are then known); with it, non-blocking and capturable: every rank's
@@ -425,7 +406,10 @@ impl World {
 
     /// Copies the rows of the last dispatch (`d`) out: `rows[r]` `[rows_r, H]` (the buffer's
     /// dtype), `scales[r]` `[rows_r, H/128]` f32 (fp8), `probs[r]` `[rows_r]` f32, and, when
-    /// given, `tokens_per_expert[r]` i32 `[E_l]` (the padded rows of each local expert).
+    /// given, `tokens_per_expert[r]` i32 `[E_l]` (the padded rows of each local expert) and
+    /// `codes[r]` i32 `[1]` (each local rank's error code: 0 while every call since the
+    /// last [`Self::sync`] succeeded, else the first failure's code, an overflow of a
+    /// non-blocking dispatch's row bound among them; [`Self::sync`] reports and clears it).
     #[allow(clippy::too_many_arguments)]
     pub fn read_dispatch(
         &self,
@@ -434,6 +418,7 @@ impl World {
         scales: &[TensorArg],
         probs: &[TensorArg],
         tokens_per_expert: &[TensorArg],
+        codes: &[TensorArg],
         streams: &[u64],
     ) -> Result<()> {
         self.check_filled(d)?;
@@ -451,9 +436,16 @@ impl World {
             true => tokens_per_expert,
             false => per_rank("tokens_per_expert", tokens_per_expert, locals)?,
         };
+        let codes = match codes.is_empty() {
+            true => codes,
+            false => per_rank("codes", codes, locals)?,
+        };
         let local = s.local_experts();
         for (i, r) in ranks.clone().enumerate() {
             let (dev, n) = (self.gpu(r).ordinal(), d.rows[i]);
+            if let Some(c) = codes.get(i) {
+                c.check(&format!("codes[{i}]"), &[I32], &[Some(1)], dev)?;
+            }
             if let Some(c) = counts.get(i) {
                 c.check(
                     &format!("tokens_per_expert[{i}]"),
@@ -489,6 +481,9 @@ impl World {
                 if let Some(c) = counts.get(i) {
                     let padded = self.ep.handle_ptrs(&d.handle, r).padded;
                     self.copy(r, c.ptr, padded, local * 4)?;
+                }
+                if let Some(c) = codes.get(i) {
+                    self.copy(r, c.ptr, self.ep.error_code_ptr(r), 4)?;
                 }
             }
             Ok(())

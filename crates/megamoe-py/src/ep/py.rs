@@ -260,18 +260,6 @@ impl PyWorld {
         Ok(py.detach(|| self.world.sync(&streams))?)
     }
 
-    /// Copies each local rank's error code (0: no failure since the last sync) into `codes`,
-    /// i32 `[1]` tensors, on the caller's `streams`.
-    fn error_codes_into(
-        &self,
-        py: Python<'_>,
-        codes: &Bound<'_, PyAny>,
-        streams: Vec<u64>,
-    ) -> PyResult<()> {
-        let codes = tensors("codes", codes)?;
-        Ok(py.detach(|| self.world.error_codes_into(&codes, &streams))?)
-    }
-
     #[pyo3(signature = (handle, x, x_scales, topk_idx, probs, pad_multiple, num_rows_bound, streams))]
     #[allow(clippy::too_many_arguments)]
     fn dispatch(
@@ -295,7 +283,7 @@ impl PyWorld {
         })?)
     }
 
-    #[pyo3(signature = (handle, rows, scales, probs, tokens_per_expert, streams))]
+    #[pyo3(signature = (handle, rows, scales, probs, tokens_per_expert, streams, codes = None))]
     #[allow(clippy::too_many_arguments)]
     fn read_dispatch(
         &self,
@@ -306,14 +294,16 @@ impl PyWorld {
         probs: &Bound<'_, PyAny>,
         tokens_per_expert: Option<&Bound<'_, PyAny>>,
         streams: Vec<u64>,
+        codes: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let (rows, scales) = (tensors("rows", rows)?, optional("scales", scales)?);
         let probs = tensors("probs", probs)?;
         let counts = optional("tokens_per_expert", tokens_per_expert)?;
+        let codes = optional("codes", codes)?;
         let d = &handle.d;
         Ok(py.detach(|| {
             self.world
-                .read_dispatch(d, &rows, &scales, &probs, &counts, &streams)
+                .read_dispatch(d, &rows, &scales, &probs, &counts, &codes, &streams)
         })?)
     }
 

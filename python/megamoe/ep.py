@@ -239,19 +239,25 @@ def run_dispatch(buffer: Buffer, handle: Handle, x, x_scales, topk_idx, probs, p
     r, h = len(buffer.ranks), buffer.hidden
     fp8 = buffer.dtype == "fp8"
     streams = buffer.streams()
-    buffer.world.dispatch(handle.native, x, x_scales, topk_idx, probs, pad_multiple, num_rows_bound, streams)
-    n = handle.num_rows
-    rows = [_empty(buffer, i, (n[i], h), torch.float8_e4m3fn if fp8 else torch.bfloat16) for i in range(r)]
-    row_scales = [_empty(buffer, i, (n[i], h // 128), torch.float32) for i in range(r)] if fp8 else None
-    row_probs = [_empty(buffer, i, (n[i],), torch.float32) for i in range(r)]
-    tokens_per_expert = handle.native.tokens_per_expert
-    counts = None
-    if tokens_per_expert is None:
+
+    def outputs(n):
+        rows = [_empty(buffer, i, (n[i], h), torch.float8_e4m3fn if fp8 else torch.bfloat16) for i in range(r)]
+        row_scales = [_empty(buffer, i, (n[i], h // 128), torch.float32) for i in range(r)] if fp8 else None
+        return rows, row_scales, [_empty(buffer, i, (n[i],), torch.float32) for i in range(r)]
+
+    if num_rows_bound is not None:
+        # Non-blocking: the sizes are the bound's, so the rows are copied out in the same call.
+        # (A negative bound is the native call's ValueError, not torch's.)
+        rows, row_scales, row_probs = outputs([max(num_rows_bound, 0)] * r)
         local = buffer.num_experts // buffer.num_ranks
         counts = [_empty(buffer, i, (local,), torch.int32) for i in range(r)]
-        tokens_per_expert = counts
-    buffer.world.read_dispatch(handle.native, rows, row_scales, row_probs, counts, streams, codes)
-    return rows, row_scales, row_probs, tokens_per_expert
+        buffer.world.dispatch(handle.native, x, x_scales, topk_idx, probs, pad_multiple, num_rows_bound, streams,
+                              rows, row_scales, row_probs, counts, codes)
+        return rows, row_scales, row_probs, counts
+    buffer.world.dispatch(handle.native, x, x_scales, topk_idx, probs, pad_multiple, None, streams)
+    rows, row_scales, row_probs = outputs(handle.num_rows)
+    buffer.world.read_dispatch(handle.native, rows, row_scales, row_probs, None, streams, codes)
+    return rows, row_scales, row_probs, handle.native.tokens_per_expert
 
 
 def run_combine(buffer: Buffer, handle: Handle, rows, order: str, prob_grads=None, wait: bool = True):

@@ -9,7 +9,7 @@ use megamoe_ep::RowDtype;
 use super::ipc::{IpcBuffer, IpcPeer};
 use super::reference::{reference, ReferenceInputs};
 use super::tensor::TensorArg;
-use super::{Dispatch, World, WorldArgs};
+use super::{Dispatch, DispatchOut, World, WorldArgs};
 use crate::api::count;
 use crate::error::Error;
 
@@ -260,7 +260,10 @@ impl PyWorld {
         Ok(py.detach(|| self.world.sync(&streams))?)
     }
 
-    #[pyo3(signature = (handle, x, x_scales, topk_idx, probs, pad_multiple, num_rows_bound, streams))]
+    #[pyo3(signature = (
+        handle, x, x_scales, topk_idx, probs, pad_multiple, num_rows_bound, streams,
+        out_rows = None, out_scales = None, out_probs = None, tokens_per_expert = None, codes = None
+    ))]
     #[allow(clippy::too_many_arguments)]
     fn dispatch(
         &self,
@@ -273,13 +276,52 @@ impl PyWorld {
         pad_multiple: i64,
         num_rows_bound: Option<i64>,
         streams: Vec<u64>,
+        out_rows: Option<&Bound<'_, PyAny>>,
+        out_scales: Option<&Bound<'_, PyAny>>,
+        out_probs: Option<&Bound<'_, PyAny>>,
+        tokens_per_expert: Option<&Bound<'_, PyAny>>,
+        codes: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let (x, xs) = (tensors("x", x)?, optional("x_scales", x_scales)?);
         let (idx, p) = (tensors("topk_idx", topk_idx)?, tensors("probs", probs)?);
+        let outs = match (out_rows, out_probs) {
+            (Some(rows), Some(probs)) => Some((
+                tensors("out_rows", rows)?,
+                optional("out_scales", out_scales)?,
+                tensors("out_probs", probs)?,
+                optional("tokens_per_expert", tokens_per_expert)?,
+                optional("codes", codes)?,
+            )),
+            (None, None) => None,
+            _ => {
+                return Err(Error::Value(
+                    "out_rows: given without out_probs, or the other way round".into(),
+                )
+                .into())
+            }
+        };
+        let out = outs
+            .as_ref()
+            .map(|(rows, scales, probs, counts, codes)| DispatchOut {
+                rows,
+                scales,
+                probs,
+                tokens_per_expert: counts,
+                codes,
+            });
         let d = &mut handle.d;
         Ok(py.detach(|| {
-            self.world
-                .dispatch(d, &x, &xs, &idx, &p, pad_multiple, num_rows_bound, &streams)
+            self.world.dispatch(
+                d,
+                &x,
+                &xs,
+                &idx,
+                &p,
+                pad_multiple,
+                num_rows_bound,
+                &streams,
+                out,
+            )
         })?)
     }
 
@@ -300,11 +342,15 @@ impl PyWorld {
         let probs = tensors("probs", probs)?;
         let counts = optional("tokens_per_expert", tokens_per_expert)?;
         let codes = optional("codes", codes)?;
+        let out = DispatchOut {
+            rows: &rows,
+            scales: &scales,
+            probs: &probs,
+            tokens_per_expert: &counts,
+            codes: &codes,
+        };
         let d = &handle.d;
-        Ok(py.detach(|| {
-            self.world
-                .read_dispatch(d, &rows, &scales, &probs, &counts, &codes, &streams)
-        })?)
+        Ok(py.detach(|| self.world.read_dispatch(d, out, &streams))?)
     }
 
     #[pyo3(signature = (handle, rows, order, y, streams, prob_grads = None, grad_probs = None, wait = true))]

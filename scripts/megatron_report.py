@@ -1,8 +1,8 @@
 """The summary of a Megatron session (scripts/megatron_checks.py's JSON in DIR): the training loss
 plot (DIR/megatron-train-loss.svg, with matplotlib) and a table of every check, printed and
-written to DIR/report.txt.
+written to DIR/report.txt; with --markdown, the tables for docs/ instead (printed only).
 
-    python scripts/megatron_report.py DIR
+    python scripts/megatron_report.py DIR [--markdown]
 """
 
 import json
@@ -76,8 +76,47 @@ def table(out):
     return lines
 
 
+def markdown(out):
+    lines = []
+    rows = load(out, "containers.json") or []
+    if rows:
+        lines += ["| Megatron test (tp = ep = 1, hybridep) | fusion | result |", "|---|---|---|"]
+        lines += [f"| `{r['test']}` | {'on' if r['fused'] else 'off'} | {'pass' if r['ok'] else 'FAIL: ' + str(r['error'])} |"
+                  for r in rows]
+        lines.append("")
+    rows = load(out, "parity.json") or []
+    if rows:
+        lines += ["| case | fusion | output max abs / rel | input grad max abs / rel | router grad rel | worst expert grad rel |",
+                  "|---|---|---|---|---|---|"]
+        for r in rows:
+            params = r["params"]
+            router = [v[1] for n, v in params.items() if "router" in n]
+            experts = [v[1] for n, v in params.items() if "experts" in n]
+            lines.append(
+                f"| {r['case']} | {'on' if r['fused'] else 'off'} | {r['output'][0]:.2g} / {r['output'][1]:.2g} | "
+                f"{r['input_grad'][0]:.2g} / {r['input_grad'][1]:.2g} | "
+                f"{max(router) if router else float('nan'):.2g} | {max(experts) if experts else float('nan'):.2g} |")
+        lines.append("")
+    speed = load(out, "speed.json") or []
+    if speed:
+        lines += ["| T, experts, top-k | layer alltoall | layer flex + megamoe | flex, all SMs | "
+                  "loop: torch permute + unpermute | loop: megamoe blocking | loop: megamoe non-blocking |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in speed:
+            nb = r.get("loop_megamoe_nonblocking_us")
+            lines.append(
+                f"| {r['tokens']}, {r['experts']}, {r['topk']} | {r['layer_alltoall_ms']:.2f} ms | {r['layer_flex_ms']:.2f} ms | "
+                f"{r['layer_flex_allsms_ms']:.2f} ms | {r['loop_torch_us']:.0f} µs | {r['loop_megamoe_blocking_us']:.0f} µs | "
+                f"{'-' if nb is None else f'{nb:.0f} µs'} |")
+        lines.append("")
+    return lines
+
+
 def main():
     out = sys.argv[1]
+    if "--markdown" in sys.argv[2:]:
+        print("\n".join(markdown(out)))
+        return
     lines = table(out)
     train = load(out, "train_losses.json")
     if train:

@@ -25,6 +25,7 @@ DIR/<check>.json, and exits 1 on a failure.
 """
 
 import argparse
+import collections
 import functools
 import json
 import os
@@ -122,21 +123,35 @@ def moe_layer(config):
     return layer
 
 
-def record_fused_flags(seen):
-    """Wraps the buffer's methods to record the fused flags Megatron passes (functools.wraps keeps
-    the signature Megatron inspects)."""
+CALLS = collections.Counter()
+"""The calls Megatron made of megamoe's buffer, by (method, direction, fused flag): proof that the
+flex runs went through megamoe (no silent fallback) and that the fused flag reached it."""
+
+
+def count_calls():
+    """Wraps the buffer's two methods to count into CALLS (functools.wraps keeps the signature
+    Megatron inspects for the fused flags)."""
     from megamoe.compat.hybrid_ep import HybridEPBuffer
 
-    for name, flag in (("dispatch_with_permute", "fuse_permute_dispatch"),
-                       ("combine_with_unpermute", "fuse_unpermute_combine")):
+    for name, flag, backward in (("dispatch_with_permute", "fuse_permute_dispatch", "handle"),
+                                 ("combine_with_unpermute", "fuse_unpermute_combine", "probs")):
         orig = getattr(HybridEPBuffer, name)
-        orig = getattr(orig, "__wrapped__", orig)
 
-        def wrapper(self, *a, _orig=orig, _name=name, _flag=flag, **kw):
-            seen.add((_name, bool(kw.get(_flag, False))))
+        def wrapper(self, *a, _orig=orig, _name=name, _flag=flag, _backward=backward, **kw):
+            direction = "backward" if kw.get(_backward) is not None else "forward"
+            CALLS[(_name, direction, bool(kw.get(_flag, False)))] += 1
             return _orig(self, *a, **kw)
 
         setattr(HybridEPBuffer, name, functools.wraps(orig)(wrapper))
+
+
+def calls_seen(fused, at_least):
+    """Whether each of the four calls (dispatch and combine, forward and backward) came at least
+    `at_least` times with the fused flag `fused` and none came without it; logs the counts."""
+    log("    megamoe buffer calls:", {f"{m} {d} fused={f}": n for (m, d, f), n in sorted(CALLS.items())})
+    want = [(m, d, fused) for m in ("dispatch_with_permute", "combine_with_unpermute")
+            for d in ("forward", "backward")]
+    return all(CALLS[w] >= at_least for w in want) and sum(CALLS.values()) == sum(CALLS[w] for w in want)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -182,8 +197,7 @@ def check_containers():
     from tests.unit_tests.transformer.moe.test_token_dispatcher import MoEModelTestContainer
 
     fa = fused_a2a()
-    seen = set()
-    record_fused_flags(seen)
+    count_calls()
     results = []
     ep = world_size()
     for fused in (False, True):
@@ -192,7 +206,7 @@ def check_containers():
             if test == "dispatcher_capacity_test":
                 extra = dict(moe_token_drop_policy="probs", moe_expert_capacity_factor=0.5,
                              moe_pad_expert_input_to_capacity=False)
-            seen.clear()
+            CALLS.clear()
             t0 = time.time()
             error = None
             try:
@@ -210,11 +224,11 @@ def check_containers():
             except Exception as e:  # reported below, with the others
                 error = f"{type(e).__name__}: {e}"
             fa.reset_hybrid_ep_buffer()
-            expected = {("dispatch_with_permute", fused), ("combine_with_unpermute", fused)}
-            if error is None and not expected <= seen:
-                error = f"the buffer saw fused flags {sorted(seen)}, expected {sorted(expected)}"
+            if error is None and not calls_seen(fused, 1):
+                error = f"megamoe's buffer did not see the four calls with fused={fused}: {dict(CALLS)}"
             results.append(dict(test=test, fused=fused, ok=error is None, error=error,
-                                seconds=round(time.time() - t0, 2), flags=sorted(seen)))
+                                seconds=round(time.time() - t0, 2),
+                                calls={" ".join(map(str, k)): n for k, n in CALLS.items()}))
             log(f"container {test} fused={fused}: {'ok' if error is None else 'FAIL ' + error}")
     write("containers.json", results)
     return all(r["ok"] for r in results)
@@ -238,6 +252,7 @@ def compare(a, b):
 
 def check_parity():
     init_parallel()
+    count_calls()
     torch.manual_seed(1234 + rank())
     rows = []
     ok = True
@@ -251,15 +266,20 @@ def check_parity():
             mm.load_state_dict(ref.state_dict())
             x = torch.randn(tokens, 1, hidden, device="cuda", dtype=torch.bfloat16)
             g = torch.randn_like(x)
+            CALLS.clear()
             out_r, gx_r, gw_r = run_layer(ref, x, g)
+            alltoall_calls = sum(CALLS.values())
             out_m, gx_m, gw_m = run_layer(mm, x, g)
+            through_megamoe = alltoall_calls == 0 and calls_seen(fused, 1)
             fused_a2a().reset_hybrid_ep_buffer()
             entry = dict(case=name, fused=fused, output=compare(out_m, out_r), input_grad=compare(gx_m, gx_r))
             missing = sorted(set(gw_r) ^ set(gw_m))
             entry["params"] = {n: compare(gw_m[n], gw_r[n]) for n in sorted(gw_r) if n in gw_m}
             worst = max([entry["output"][1], entry["input_grad"][1]] + [v[1] for v in entry["params"].values()])
             entry["worst_relative"] = worst
-            entry["ok"] = not missing and worst < 2e-2
+            entry["through_megamoe"] = through_megamoe
+            entry["calls"] = {" ".join(map(str, k)): n for k, n in CALLS.items()}
+            entry["ok"] = not missing and worst < 2e-2 and through_megamoe
             if missing:
                 entry["missing_grads"] = missing
             ok &= entry["ok"]
@@ -332,26 +352,31 @@ def train(dispatcher, seed, data, args):
 
 def check_train():
     init_parallel()
+    count_calls()
     args = ARGS
     data = batches(args, args.steps)
-    runs = {}
+    runs, through = {}, {}
     for label, dispatcher, seed in (("flex_megamoe", "flex", 1), ("alltoall", "alltoall", 1),
                                     ("alltoall_seed2", "alltoall", 2)):
+        CALLS.clear()
         losses, secs = train(dispatcher, seed, data, args)
         runs[label] = losses
+        # Every MoE layer of every step went through megamoe's buffer (flex), or none (alltoall).
+        through[label] = (calls_seen(True, args.steps * args.layers) if dispatcher == "flex"
+                          else sum(CALLS.values()) == 0)
         log(f"train {label}: {len(losses)} steps in {secs:.1f} s; loss {losses[0]:.4f} -> {losses[-1]:.4f}")
     diff = [abs(a - b) for a, b in zip(runs["flex_megamoe"], runs["alltoall"])]
     noise = [abs(a - b) for a, b in zip(runs["alltoall_seed2"], runs["alltoall"])]
     tail = max(5, args.steps // 5)
     summary = dict(steps=args.steps, max_abs_diff=max(diff), mean_abs_diff_last=statistics.mean(diff[-tail:]),
                    seed_noise_mean_abs_diff_last=statistics.mean(noise[-tail:]),
-                   final={k: v[-1] for k, v in runs.items()})
+                   final={k: v[-1] for k, v in runs.items()}, calls_as_expected=through)
     log("train summary:", summary)
     write("train_losses.json", dict(config=dict(layers=args.layers, hidden=512, experts=8, topk=2, seq=args.seq,
                                                 batch=args.batch, vocab=args.vocab, lr=args.lr),
                                     losses=runs, summary=summary))
     learned = runs["flex_megamoe"][-1] < runs["flex_megamoe"][0] - 0.5
-    return learned and summary["mean_abs_diff_last"] <= max(2 * summary["seed_noise_mean_abs_diff_last"], 0.05)
+    return learned and all(through.values()) and summary["mean_abs_diff_last"] <= max(2 * summary["seed_noise_mean_abs_diff_last"], 0.05)
 
 
 def time_ms(fn):
@@ -370,9 +395,9 @@ def check_speed():
     cells = [(4096, 8, 2), (4096, 32, 8), (8192, 8, 2), (8192, 32, 8)]
     if ARGS.quick:
         cells = cells[:1]
-    for tokens, experts, topk in cells:
-        row = dict(tokens=tokens, experts=experts, topk=topk)
-        # The layer, both dispatchers, same weights; flex also with every SM for megamoe.
+    def layer_arms(tokens, experts, topk):
+        """The layer with both dispatchers, same weights (flex also with every SM for megamoe),
+        and one step of each on the same input."""
         layers = {}
         for d in ("alltoall", "flex"):
             layers[d] = moe_layer(moe_config(d, hidden, experts, topk, ffn))
@@ -382,17 +407,29 @@ def check_speed():
         x = torch.randn(tokens, 1, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         g = torch.randn_like(x)
 
-        def step(layer):
-            out, _ = layer(x)
-            out.backward(g)
-
-        for d in ("alltoall", "flex", "flex_allsms", "alltoall", "flex", "flex_allsms"):
-            if d != "alltoall":
+        def step(d):
+            if d != "alltoall" and fa._hybrid_ep_buffer is not None and fa._hybrid_ep_buffer.num_sms != (
+                    all_sms if d == "flex_allsms" else None):
                 # One buffer at a time (Megatron's is global): the arm's own SM count.
                 fa.reset_hybrid_ep_buffer()
-            row[f"layer_{d}_ms"] = time_ms(lambda: step(layers[d]))
+            out, _ = layers[d](x)
+            out.backward(g)
+
+        return step
+
+    # Every arm's first steps (compiles, allocations, clocks) before any timing.
+    warm = layer_arms(*cells[0])
+    for d in ("alltoall", "flex", "flex_allsms") * 5:
+        warm(d)
+    fa.reset_hybrid_ep_buffer()
+    del warm
+    for tokens, experts, topk in cells:
+        row = dict(tokens=tokens, experts=experts, topk=topk)
+        step = layer_arms(tokens, experts, topk)
+        for d in ("alltoall", "flex", "flex_allsms") * 2:  # interleaved; the second round kept
+            row[f"layer_{d}_ms"] = time_ms(lambda: step(d))
         fa.reset_hybrid_ep_buffer()
-        del layers
+        del step
         # The loop alone: routing of top-k over random scores, probs f32.
         scores = torch.randn(tokens, experts, device="cuda")
         top = scores.topk(topk, dim=1)
@@ -426,7 +463,29 @@ def check_speed():
             row["loop_megamoe_blocking_us"] = time_us(lambda: megamoe_loop(None))
             if bound is not None:
                 row["loop_megamoe_nonblocking_us"] = time_us(lambda: megamoe_loop(bound))
-        if tokens == cells[0][0] and experts == cells[0][1]:
+        if (tokens, experts, topk) == cells[0] and rank() == 0:
+            # Where the loop's device time goes: a kernel and copy profile of 5 loops each.
+            from torch.profiler import ProfilerActivity, profile
+
+            with open(os.path.join(ARGS.out, "loop_profile.txt"), "w") as f:
+                for name, loop in (("torch permute + unpermute", torch_loop),
+                                   ("megamoe blocking", lambda: megamoe_loop(None)),
+                                   ("megamoe non-blocking", lambda: megamoe_loop(bound))):
+                    if bound is None and "non-blocking" in name:
+                        continue
+                    loop()
+                    torch.cuda.synchronize()
+                    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                        for _ in range(5):
+                            loop()
+                        torch.cuda.synchronize()
+                    f.write(f"== {name}: 5 loops\n")
+                    try:
+                        table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=30)
+                    except (KeyError, AttributeError):  # older torch names the column cuda
+                        table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=30)
+                    f.write(table + "\n")
+        if (tokens, experts, topk) == cells[0]:
             # SMs per megamoe call (Megatron's moe_flex_dispatcher_num_sms), blocking loop.
             for sms in (24, 48, 96, all_sms):
                 fa.reset_hybrid_ep_buffer()
@@ -470,6 +529,25 @@ def check_speed():
             torch.cuda.synchronize()
             row["host_ep_dispatch_us"] = statistics.median(native_d[5:])
             row["host_ep_combine_us"] = statistics.median(native_c[5:])
+            if (tokens, experts, topk) == cells[0] and rank() == 0:
+                # Where the host time goes: 50 non-blocking dispatch + combine calls profiled.
+                import cProfile
+                import io
+                import pstats
+
+                prof = cProfile.Profile()
+                for _ in range(50):
+                    torch.cuda.synchronize()
+                    prof.enable()
+                    r, _, _, _, h = buf.dispatch_with_permute(
+                        hidden=xs, routing_map=routing_map, probs=probs0, num_of_experts_per_rank=experts,
+                        num_permuted_tokens=bound, non_blocking=True, fuse_permute_dispatch=True)
+                    buf.combine_with_unpermute(hidden=r, handle=h, fuse_unpermute_combine=True)
+                    prof.disable()
+                text = io.StringIO()
+                pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)
+                with open(os.path.join(ARGS.out, "host_profile.txt"), "w") as f:
+                    f.write(text.getvalue())
         fa.reset_hybrid_ep_buffer()
         rows.append(row)
         log("speed:", json.dumps({k: (round(v, 1) if isinstance(v, float) else v) for k, v in row.items()}))

@@ -6,6 +6,7 @@ find it (and refuses to shadow a real DeepEP)."""
 import ast
 import importlib.util
 import inspect
+import os
 import pathlib
 import subprocess
 import sys
@@ -183,7 +184,8 @@ def test_install_writes_a_deep_ep_that_megatron_imports_as_megamoe(tmp_path):
         "print(HybridEPBuffer.__module__)\n"
         "try:\n    from deep_ep import Buffer\nexcept ImportError:\n    print('no Buffer')\n"
     )
-    out = subprocess.run([sys.executable, "-c", probe], env={"PYTHONPATH": str(target)}, capture_output=True, text=True)
+    search = os.pathsep.join([str(target)] + [p for p in sys.path if p])  # megamoe as found here
+    out = subprocess.run([sys.executable, "-c", probe], env=dict(os.environ, PYTHONPATH=search), capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["megamoe.compat.hybrid_ep", "no", "Buffer"]
     # Installing again rewrites megamoe's own package.

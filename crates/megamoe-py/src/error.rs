@@ -55,9 +55,10 @@ fn arg_of(e: &megamoe_core::Error) -> Option<&'static str> {
 
 impl From<megamoe_core::Error> for Error {
     fn from(e: megamoe_core::Error) -> Self {
-        // The Rust message names the Rust argument; say the Python one first where they differ.
-        match arg_of(&e).and_then(python_name) {
-            Some(py) => Error::Value(format!("{py}: {e}")),
+        // Every ValueError starts with the Python argument (the Rust message may name the Rust
+        // one).
+        match arg_of(&e) {
+            Some(arg) => Error::Value(format!("{}: {e}", python_name(arg).unwrap_or(arg))),
             None => Error::Value(e.to_string()),
         }
     }
@@ -97,7 +98,7 @@ mod tests {
             panic!("not a value error")
         };
         assert!(m.starts_with("num_ranks: "), "{m}");
-        // Names both users know already stay as the Rust crates wrote them.
+        // A name both languages share is said first too.
         let e = megamoe_core::Error::Value {
             arg: "group",
             value: "96".into(),
@@ -105,7 +106,7 @@ mod tests {
         };
         assert_eq!(
             Error::from(e),
-            Error::Value("`group` = 96 is invalid: must be 64 or 128".into())
+            Error::Value("group: `group` = 96 is invalid: must be 64 or 128".into())
         );
     }
 

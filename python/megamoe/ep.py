@@ -42,10 +42,11 @@ the device fails.
 import ctypes
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
-import torch
-
 from . import _megamoe
 from ._dist import process_rank
+from ._tensors import torch as _torch
+
+torch = _torch()  # without PyTorch: the ImportError that names it
 
 ORDERS = ("per_rank", "exact")
 

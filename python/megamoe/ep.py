@@ -106,6 +106,12 @@ class Buffer:
         other arguments are :class:`Buffer`'s; bad ones raise ValueError naming them before
         anything is allocated or exchanged (``num_ranks`` is the group's size)."""
         rank, size, all_gather, device = process_rank(group, "group")
+        if size == 1:
+            # A world of one exchanges with itself: no collective (whose first call would set up
+            # the group's communicator).
+            def all_gather(mine):
+                return [mine]
+
         buffer = cls.__new__(cls)
         buffer._attach(
             _megamoe.EpWorld.for_rank(

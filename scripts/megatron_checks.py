@@ -379,6 +379,24 @@ def check_train():
     return learned and all(through.values()) and summary["mean_abs_diff_last"] <= max(2 * summary["seed_noise_mean_abs_diff_last"], 0.05)
 
 
+def host_us(calls, iters=25, warmup=5):
+    """Median host µs of the two halves of `calls` (a generator function: a dispatch, yield, its
+    combine), each round started with the GPU idle."""
+    first, second = [], []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        run = calls()
+        t0 = time.perf_counter()
+        next(run)
+        t1 = time.perf_counter()
+        next(run, None)
+        t2 = time.perf_counter()
+        first.append(1e6 * (t1 - t0))
+        second.append(1e6 * (t2 - t1))
+    torch.cuda.synchronize()
+    return statistics.median(first[warmup:]), statistics.median(second[warmup:])
+
+
 def time_ms(fn):
     return time_us(fn) / 1000
 
@@ -495,40 +513,28 @@ def check_speed():
         if bound is not None:
             megamoe_loop(bound)  # the buffer, with megamoe's default SMs
             buf = fa._hybrid_ep_buffer
-            host_d, host_c = [], []
-            for _ in range(25):
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                r, rp, _, _, h = buf.dispatch_with_permute(
+
+            def compat_calls():
+                rows_, _, _, _, h = buf.dispatch_with_permute(
                     hidden=xs, routing_map=routing_map, probs=probs0, num_of_experts_per_rank=experts,
                     num_permuted_tokens=bound, non_blocking=True, fuse_permute_dispatch=True)
-                t1 = time.perf_counter()
-                buf.combine_with_unpermute(hidden=r, handle=h, fuse_unpermute_combine=True)
-                t2 = time.perf_counter()
-                host_d.append(1e6 * (t1 - t0))
-                host_c.append(1e6 * (t2 - t1))
-            torch.cuda.synchronize()
-            row["host_dispatch_us"] = statistics.median(host_d[5:])
-            row["host_combine_us"] = statistics.median(host_c[5:])
+                yield
+                buf.combine_with_unpermute(hidden=rows_, handle=h, fuse_unpermute_combine=True)
+
+            row["host_dispatch_us"], row["host_combine_us"] = host_us(compat_calls)
             # The same calls' megamoe.ep part alone (routing already in top-k form): what is
             # left is the buffer's own Python (checks, the routing's conversion).
             from megamoe import ep as mep
 
             idx, pk = buf._topk(routing_map, probs0, buf._ep.num_topk)
-            native_d, native_c = [], []
-            for _ in range(25):
-                torch.cuda.synchronize()
+
+            def ep_calls():
                 state = buf._new_state(mep)
-                t0 = time.perf_counter()
-                r, _, _, _ = mep.run_dispatch(buf._ep, state, [xs], None, [idx], [pk], 1, bound)
-                t1 = time.perf_counter()
-                mep.run_combine(buf._ep, state, r, "per_rank", None, wait=False)
-                t2 = time.perf_counter()
-                native_d.append(1e6 * (t1 - t0))
-                native_c.append(1e6 * (t2 - t1))
-            torch.cuda.synchronize()
-            row["host_ep_dispatch_us"] = statistics.median(native_d[5:])
-            row["host_ep_combine_us"] = statistics.median(native_c[5:])
+                rows_, _, _, _ = mep.run_dispatch(buf._ep, state, [xs], None, [idx], [pk], 1, bound)
+                yield
+                mep.run_combine(buf._ep, state, rows_, "per_rank", None, wait=False)
+
+            row["host_ep_dispatch_us"], row["host_ep_combine_us"] = host_us(ep_calls)
             if (tokens, experts, topk) == cells[0] and rank() == 0:
                 # Where the host time goes: 50 non-blocking dispatch + combine calls profiled.
                 import cProfile

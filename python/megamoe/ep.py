@@ -42,10 +42,11 @@ the device fails.
 import ctypes
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
-import torch
-
 from . import _megamoe
 from ._dist import process_rank
+from ._tensors import torch as _torch
+
+torch = _torch()  # without PyTorch: the ImportError that names it
 
 ORDERS = ("per_rank", "exact")
 
@@ -105,6 +106,12 @@ class Buffer:
         other arguments are :class:`Buffer`'s; bad ones raise ValueError naming them before
         anything is allocated or exchanged (``num_ranks`` is the group's size)."""
         rank, size, all_gather, device = process_rank(group, "group")
+        if size == 1:
+            # A world of one exchanges with itself: no collective (whose first call would set up
+            # the group's communicator).
+            def all_gather(mine):
+                return [mine]
+
         buffer = cls.__new__(cls)
         buffer._attach(
             _megamoe.EpWorld.for_rank(
@@ -226,6 +233,66 @@ def _empty(buffer: Buffer, i: int, shape, dtype) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=buffer.devices[i])
 
 
+def run_dispatch(buffer: Buffer, handle: Handle, x, x_scales, topk_idx, probs, pad_multiple, num_rows_bound,
+                 codes=None):
+    """The dispatch into ``handle`` and the copy of its results out, without autograd (the
+    calls :func:`dispatch_with_permute` and the compatibility layers make). Per local rank:
+    ``x`` (bf16, or e4m3 with f32 ``x_scales`` on FP8 buffers), int32 ``topk_idx`` and f32
+    ``probs``; ``codes``, when given, int32 ``[1]`` tensors that receive each rank's error code
+    after the call (0: no failure since the last sync; set by an overflow of
+    ``num_rows_bound``, which moves no rows), for the device to test. Returns lists per local
+    rank: rows (the buffer's dtype), their scales (FP8, else None), row probs, and
+    tokens_per_expert (lists of ints, or int32 device tensors after a non-blocking dispatch)."""
+    r, h = len(buffer.ranks), buffer.hidden
+    fp8 = buffer.dtype == "fp8"
+    streams = buffer.streams()
+
+    def outputs(n):
+        rows = [_empty(buffer, i, (n[i], h), torch.float8_e4m3fn if fp8 else torch.bfloat16) for i in range(r)]
+        row_scales = [_empty(buffer, i, (n[i], h // 128), torch.float32) for i in range(r)] if fp8 else None
+        return rows, row_scales, [_empty(buffer, i, (n[i],), torch.float32) for i in range(r)]
+
+    if num_rows_bound is not None:
+        # Non-blocking: the sizes are the bound's, so the rows are copied out in the same call.
+        # (A negative bound is the native call's ValueError, not torch's.)
+        rows, row_scales, row_probs = outputs([max(num_rows_bound, 0)] * r)
+        local = buffer.num_experts // buffer.num_ranks
+        counts = [_empty(buffer, i, (local,), torch.int32) for i in range(r)]
+        buffer.world.dispatch(handle.native, x, x_scales, topk_idx, probs, pad_multiple, num_rows_bound, streams,
+                              rows, row_scales, row_probs, counts, codes)
+        return rows, row_scales, row_probs, counts
+    buffer.world.dispatch(handle.native, x, x_scales, topk_idx, probs, pad_multiple, None, streams)
+    rows, row_scales, row_probs = outputs(handle.num_rows)
+    buffer.world.read_dispatch(handle.native, rows, row_scales, row_probs, None, streams, codes)
+    return rows, row_scales, row_probs, handle.native.tokens_per_expert
+
+
+def run_combine(buffer: Buffer, handle: Handle, rows, order: str, prob_grads=None, wait: bool = True):
+    """The combine of bf16 ``rows`` (per local rank, in ``handle``'s layout) in ``order``,
+    without autograd. With ``prob_grads`` (f32 ``[rows_r]``) it is the dispatch's backward and
+    the prob gradients are scattered back too. After a blocking dispatch it waits for the call
+    unless ``wait`` is False (a failure is then reported by the next ``Buffer.sync()`` or
+    blocking dispatch). Returns (y, grad_probs): lists per local rank of bf16 ``[T_r, H]`` and
+    f32 ``[T_r, K]`` (None without ``prob_grads``)."""
+    r, h, k = len(buffer.ranks), buffer.hidden, buffer.num_topk
+    y = [_empty(buffer, i, (handle.num_tokens[i], h), torch.bfloat16) for i in range(r)]
+    grad_probs = None
+    if prob_grads is not None:
+        grad_probs = [_empty(buffer, i, (handle.num_tokens[i], k), torch.float32) for i in range(r)]
+    buffer.world.combine(handle.native, rows, order, y, buffer.streams(), prob_grads, grad_probs, wait)
+    return y, grad_probs
+
+
+def run_combine_backward(buffer: Buffer, handle: Handle, grad_y, wait: bool = True):
+    """The combine's backward without autograd: bf16 ``grad_y`` ``[T_r, H]`` per local rank
+    dispatched along ``handle``'s routing (waited for as in :func:`run_combine`); returns the
+    bf16 row gradients ``[rows_r, H]``."""
+    h = buffer.hidden
+    grad_rows = [_empty(buffer, i, (handle.num_rows[i], h), torch.bfloat16) for i in range(len(buffer.ranks))]
+    buffer.world.combine_backward(handle.native, grad_y, grad_rows, buffer.streams(), wait)
+    return grad_rows
+
+
 class _Dispatch(torch.autograd.Function):
     """Inputs after the settings: x (R tensors), probs (R tensors), R the buffer's local ranks.
     Outputs: rows (R), row probs (R)."""
@@ -240,22 +307,11 @@ class _Dispatch(torch.autograd.Function):
             quantized = [quantize_fp8(t) for t in x]
             x = [c for c, _ in quantized]
             scales = [s for _, s in quantized]
-        streams = buffer.streams()
         handle = box.handle
-        buffer.world.dispatch(handle.native, x, scales, topk_idx, probs, pad_multiple, num_rows_bound, streams)
+        rows, row_scales, row_probs, box.tokens_per_expert = run_dispatch(
+            buffer, handle, x, scales, topk_idx, probs, pad_multiple, num_rows_bound
+        )
         handle.order = order
-        h = buffer.hidden
-        n = handle.num_rows
-        rows = [_empty(buffer, i, (n[i], h), torch.float8_e4m3fn if fp8 else torch.bfloat16) for i in range(r)]
-        row_scales = [_empty(buffer, i, (n[i], h // 128), torch.float32) for i in range(r)] if fp8 else None
-        row_probs = [_empty(buffer, i, (n[i],), torch.float32) for i in range(r)]
-        local = buffer.num_experts // buffer.num_ranks
-        box.tokens_per_expert = handle.native.tokens_per_expert
-        counts = None
-        if box.tokens_per_expert is None:
-            counts = [_empty(buffer, i, (local,), torch.int32) for i in range(r)]
-            box.tokens_per_expert = counts
-        buffer.world.read_dispatch(handle.native, rows, row_scales, row_probs, counts, streams)
         if fp8:
             box.fp8 = list(zip(rows, row_scales))
             rows = [dequantize_fp8(c, s) for c, s in box.fp8]
@@ -265,7 +321,7 @@ class _Dispatch(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         buffer, handle = ctx.buffer, ctx.handle
-        r, h, k = len(buffer.ranks), buffer.hidden, buffer.num_topk
+        r, h = len(buffer.ranks), buffer.hidden
         grad_rows = [
             torch.zeros((handle.num_rows[i], h), dtype=torch.bfloat16, device=buffer.devices[i])
             if g is None
@@ -278,11 +334,7 @@ class _Dispatch(torch.autograd.Function):
             else g.float().contiguous()
             for i, g in enumerate(grads[r:])
         ]
-        grad_x = [_empty(buffer, i, (handle.num_tokens[i], h), torch.bfloat16) for i in range(r)]
-        grad_probs = [_empty(buffer, i, (handle.num_tokens[i], k), torch.float32) for i in range(r)]
-        buffer.world.combine(
-            handle.native, grad_rows, handle.order, grad_x, buffer.streams(), prob_grads, grad_probs
-        )
+        grad_x, grad_probs = run_combine(buffer, handle, grad_rows, handle.order, prob_grads)
         return (None, None, None, None, None, None, *grad_x, *grad_probs)
 
 
@@ -291,9 +343,7 @@ class _Combine(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, buffer, handle, order, *rows):
-        h = buffer.hidden
-        y = [_empty(buffer, i, (handle.num_tokens[i], h), torch.bfloat16) for i in range(len(buffer.ranks))]
-        buffer.world.combine(handle.native, list(rows), order, y, buffer.streams())
+        y, _ = run_combine(buffer, handle, list(rows), order)
         ctx.buffer, ctx.handle = buffer, handle
         return tuple(y)
 
@@ -307,9 +357,7 @@ class _Combine(torch.autograd.Function):
             else g.to(torch.bfloat16).contiguous()
             for i, g in enumerate(grads)
         ]
-        grad_rows = [_empty(buffer, i, (handle.num_rows[i], h), torch.bfloat16) for i in range(len(buffer.ranks))]
-        buffer.world.combine_backward(handle.native, grad_y, grad_rows, buffer.streams())
-        return (None, None, None, *grad_rows)
+        return (None, None, None, *run_combine_backward(buffer, handle, grad_y))
 
 
 class _Box:

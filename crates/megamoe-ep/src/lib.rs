@@ -18,6 +18,6 @@ pub use error::EpError;
 pub use layout::{BufferLayout, BufferSpec, HandleLayout, RowDtype};
 pub use params::{kernel_specs, CombineOrder, FaultKind, InjectedFault};
 pub use world::{
-    bytemuck_bf16, Dispatched, EpConfig, EpWorld, Handle, HandlePtrs, IoRegion, RankPtrs, Rows,
-    SyncMode, DEFAULT_NUM_SMS,
+    bytemuck_bf16, CombineOutputs, Dispatched, EpConfig, EpWorld, Handle, HandlePtrs, IoRegion,
+    RankPtrs, Rows, SyncMode, DEFAULT_NUM_SMS,
 };

@@ -67,6 +67,14 @@ impl EpConfig {
     }
 }
 
+/// Where one local rank's combine writes: y (bf16 `[T, H]`) and, in dispatch's backward, the
+/// prob gradients (f32 `[T, K]`).
+#[derive(Clone, Copy, Debug)]
+pub struct CombineOutputs {
+    pub y: u64,
+    pub grad_probs: u64,
+}
+
 /// Device pointers of one rank's inputs and outputs for the calls.
 #[derive(Clone, Copy, Debug)]
 pub struct RankPtrs {
@@ -255,6 +263,13 @@ impl EpWorld {
             y: io + self.io_offsets[2] as u64,
             grad_probs: io + self.io_offsets[3] as u64,
         }
+    }
+
+    /// Device address of rank `rank`'s error code (u32: 0 while no call since the last
+    /// [`Self::sync`] failed, else the first failure's code; a non-blocking call that overflowed
+    /// its row bound sets it), for a copy the device orders after the calls.
+    pub fn error_code_ptr(&self, rank: usize) -> u64 {
+        self.buffers.ptr(rank) + self.layout.error as u64
     }
 
     /// The rank's symmetric buffer and its local in/out block, for uploads and downloads.
@@ -477,12 +492,44 @@ impl EpWorld {
         order: CombineOrder,
         mode: SyncMode,
     ) -> Result<(), EpError> {
-        self.check_handle(handle)?;
-        for r in self.local_ranks() {
-            let p = CombineParams {
-                l: self.kernel_layout(r, handle),
+        let outputs: Vec<CombineOutputs> = self
+            .local_ranks()
+            .map(|r| CombineOutputs {
                 y: self.ptrs(r).y,
                 grad_probs: self.ptrs(r).grad_probs,
+            })
+            .collect();
+        self.combine_into(handle, prob_grads, order, mode, &outputs)
+    }
+
+    /// As [`Self::combine`], writing each local rank's `y` (bf16 `[T, H]`, rows contiguous) and
+    /// `grad_probs` (f32 `[T, K]`) straight to the device addresses of `outputs` (one per local
+    /// rank, in rank order; the caller checked they hold T rows), with no copy out.
+    pub fn combine_into(
+        &self,
+        handle: &Handle,
+        prob_grads: bool,
+        order: CombineOrder,
+        mode: SyncMode,
+        outputs: &[CombineOutputs],
+    ) -> Result<(), EpError> {
+        self.check_handle(handle)?;
+        if outputs.len() != self.local_ranks().len() {
+            return Err(EpError::input(
+                0,
+                value(
+                    "outputs",
+                    &outputs.len().to_string(),
+                    "must hold one entry per local rank",
+                ),
+            ));
+        }
+        for r in self.local_ranks() {
+            let out = outputs[self.at(r)];
+            let p = CombineParams {
+                l: self.kernel_layout(r, handle),
+                y: out.y,
+                grad_probs: out.grad_probs,
                 with_prob_grads: prob_grads as i32,
                 order: order as i32,
                 ..Default::default()

@@ -17,7 +17,8 @@ use std::ops::Range;
 
 use megamoe_cuda::{AllGather, Gpu};
 use megamoe_ep::{
-    BufferSpec, CombineOrder, EpConfig, EpError, EpWorld, Handle, RowDtype, SyncMode,
+    BufferSpec, CombineOrder, CombineOutputs, EpConfig, EpError, EpWorld, Handle, RowDtype,
+    SyncMode,
 };
 
 use crate::api::{count, process_rank};
@@ -124,15 +125,31 @@ pub struct Dispatch {
 }
 
 impl Dispatch {
-    /// The sync mode the dispatch ran with, which its combine and backwards keep.
-    fn mode(&self) -> SyncMode {
-        match self.tokens_per_expert {
-            Some(_) => SyncMode::Blocking,
-            None => SyncMode::NonBlocking {
+    /// The sync mode the dispatch ran with, which its combine and backwards keep unless the
+    /// caller does not `wait` for them (their failures are then reported by the next sync).
+    fn mode(&self, wait: bool) -> SyncMode {
+        match (&self.tokens_per_expert, wait) {
+            (Some(_), true) => SyncMode::Blocking,
+            _ => SyncMode::NonBlocking {
                 row_bound: self.rows.first().copied().unwrap_or(0),
             },
         }
     }
+}
+
+/// The tensors a dispatch's results are copied into, one per local rank each: `rows`
+/// `[rows_r, H]` (the buffer's dtype), `scales` `[rows_r, H/128]` f32 (fp8 buffers; none on
+/// bf16), `probs` `[rows_r]` f32, and optionally (none, or one per rank) `tokens_per_expert` i32
+/// `[E_l]` (the padded rows of each local expert) and `codes` i32 `[1]` (each rank's error code:
+/// 0 while every call since the last [`World::sync`] succeeded, else the first failure's code,
+/// an overflow of a non-blocking dispatch's row bound among them; `sync` reports and clears it).
+#[derive(Clone, Copy)]
+pub struct DispatchOut<'a> {
+    pub rows: &'a [TensorArg],
+    pub scales: &'a [TensorArg],
+    pub probs: &'a [TensorArg],
+    pub tokens_per_expert: &'a [TensorArg],
+    pub codes: &'a [TensorArg],
 }
 
 /// One process's ranks of a world: every rank (virtual ranks where they outnumber the GPUs), or
@@ -299,7 +316,8 @@ impl World {
     /// `[T_r, H/128]` f32), `topk_idx[r]` i32 and `probs[r]` f32 `[T_r, K]`. Blocking without
     /// `row_bound` (the sizes are then known); with it, non-blocking and capturable: every rank's
     /// rows must fit the bound, and a failure is reported by the next [`Self::sync`].
-    /// [`Self::read_dispatch`] then copies the rows out.
+    /// [`Self::read_dispatch`] then copies the rows out, or, for a non-blocking dispatch, `out`
+    /// in the same call (its sizes are the bound's).
     #[allow(clippy::too_many_arguments)]
     pub fn dispatch(
         &self,
@@ -311,6 +329,7 @@ impl World {
         pad_multiple: i64,
         row_bound: Option<i64>,
         streams: &[u64],
+        out: Option<DispatchOut>,
     ) -> Result<()> {
         self.check_dispatch(d)?;
         let s = self.spec();
@@ -367,6 +386,19 @@ impl World {
             probs[i].check(&format!("probs[{i}]"), &[F32], &[Some(t), Some(k)], dev)?;
             tokens.push(t);
         }
+        let out = match (out, mode) {
+            (None, _) => None,
+            (Some(o), SyncMode::NonBlocking { row_bound }) => {
+                Some((self.check_out(&vec![row_bound; locals], o)?, row_bound))
+            }
+            (Some(_), SyncMode::Blocking) => {
+                return Err(Error::Value(
+                    "rows: a blocking dispatch's sizes are known after it: read its rows with \
+                     read_dispatch"
+                        .into(),
+                ))
+            }
+        };
         // Unfilled until the dispatch succeeds: a failed one leaves nothing to combine.
         d.rows.clear();
         let mut sizes = None;
@@ -384,7 +416,10 @@ impl World {
             sizes = self
                 .ep
                 .dispatch_with_permute(&tokens, pad_multiple, mode, &mut d.handle)?;
-            Ok(())
+            match &out {
+                Some((o, bound)) => self.copy_out(&d.handle, &vec![*bound; locals], o),
+                None => Ok(()),
+            }
         })?;
         d.tokens = tokens;
         match (sizes, mode) {
@@ -402,38 +437,40 @@ impl World {
         Ok(())
     }
 
-    /// Copies the rows of the last dispatch (`d`) out: `rows[r]` `[rows_r, H]` (the buffer's
-    /// dtype), `scales[r]` `[rows_r, H/128]` f32 (fp8), `probs[r]` `[rows_r]` f32, and, when
-    /// given, `tokens_per_expert[r]` i32 `[E_l]` (the padded rows of each local expert).
-    #[allow(clippy::too_many_arguments)]
-    pub fn read_dispatch(
-        &self,
-        d: &Dispatch,
-        rows: &[TensorArg],
-        scales: &[TensorArg],
-        probs: &[TensorArg],
-        tokens_per_expert: &[TensorArg],
-        streams: &[u64],
-    ) -> Result<()> {
+    /// Copies the rows of the last dispatch (`d`) out into `out` (see [`DispatchOut`]).
+    pub fn read_dispatch(&self, d: &Dispatch, out: DispatchOut, streams: &[u64]) -> Result<()> {
         self.check_filled(d)?;
+        let out = self.check_out(&d.rows, out)?;
+        self.on_streams(streams, || self.copy_out(&d.handle, &d.rows, &out))
+    }
+
+    /// `out` checked for `rows[i]` rows on the i-th local rank, its optional parts normalized.
+    fn check_out<'a>(&self, rows: &[usize], out: DispatchOut<'a>) -> Result<DispatchOut<'a>> {
         let s = self.spec();
         let (h, dtype) = (s.hidden, self.dtype());
         let ranks = self.local_ranks();
         let locals = ranks.len();
-        let rows = per_rank("rows", rows, locals)?;
-        let probs = per_rank("probs", probs, locals)?;
-        let scales = match dtype {
-            RowDtype::Fp8 => per_rank("scales", scales, locals)?,
-            RowDtype::Bf16 => scales,
+        let optional = |name, t: &'a [TensorArg]| match t.is_empty() {
+            true => Ok(t),
+            false => per_rank(name, t, locals),
         };
-        let counts = match tokens_per_expert.is_empty() {
-            true => tokens_per_expert,
-            false => per_rank("tokens_per_expert", tokens_per_expert, locals)?,
+        let out = DispatchOut {
+            rows: per_rank("rows", out.rows, locals)?,
+            scales: match dtype {
+                RowDtype::Fp8 => per_rank("scales", out.scales, locals)?,
+                RowDtype::Bf16 => out.scales,
+            },
+            probs: per_rank("probs", out.probs, locals)?,
+            tokens_per_expert: optional("tokens_per_expert", out.tokens_per_expert)?,
+            codes: optional("codes", out.codes)?,
         };
         let local = s.local_experts();
-        for (i, r) in ranks.clone().enumerate() {
-            let (dev, n) = (self.gpu(r).ordinal(), d.rows[i]);
-            if let Some(c) = counts.get(i) {
+        for (i, r) in ranks.enumerate() {
+            let (dev, n) = (self.gpu(r).ordinal(), rows[i]);
+            if let Some(c) = out.codes.get(i) {
+                c.check(&format!("codes[{i}]"), &[I32], &[Some(1)], dev)?;
+            }
+            if let Some(c) = out.tokens_per_expert.get(i) {
                 c.check(
                     &format!("tokens_per_expert[{i}]"),
                     &[I32],
@@ -441,42 +478,52 @@ impl World {
                     dev,
                 )?;
             }
-            rows[i].check(
+            out.rows[i].check(
                 &format!("rows[{i}]"),
                 self.row_dtypes(),
                 &[Some(n), Some(h)],
                 dev,
             )?;
             if dtype == RowDtype::Fp8 {
-                scales[i].check(
+                out.scales[i].check(
                     &format!("scales[{i}]"),
                     &[F32],
                     &[Some(n), Some(h / 128)],
                     dev,
                 )?;
             }
-            probs[i].check(&format!("probs[{i}]"), &[F32], &[Some(n)], dev)?;
+            out.probs[i].check(&format!("probs[{i}]"), &[F32], &[Some(n)], dev)?;
         }
-        self.on_streams(streams, || {
-            for (i, r) in ranks.clone().enumerate() {
-                let (p, n) = (self.ep.ptrs(r), d.rows[i]);
-                self.copy(r, rows[i].ptr, p.out_rows, n * dtype.row_bytes(h))?;
-                if dtype == RowDtype::Fp8 {
-                    self.copy(r, scales[i].ptr, p.out_scales, n * (h / 128) * 4)?;
-                }
-                self.copy(r, probs[i].ptr, p.out_probs, n * 4)?;
-                if let Some(c) = counts.get(i) {
-                    let padded = self.ep.handle_ptrs(&d.handle, r).padded;
-                    self.copy(r, c.ptr, padded, local * 4)?;
-                }
-            }
-            Ok(())
-        })
+        Ok(out)
     }
 
-    /// combine_with_unpermute (blocking) of `rows[r]` bf16 `[rows_r, H]` into `y[r]` bf16
-    /// `[T_r, H]` in `order`. With `prob_grads` (`[rows_r]` f32) and `grad_probs` (`[T_r, K]`
-    /// f32) it is dispatch's backward: the prob gradients are scattered back too.
+    /// The copies of a dispatch's results (`rows[i]` rows on the i-th local rank) into the
+    /// checked `out`, on the ranks' streams.
+    fn copy_out(&self, handle: &Handle, rows: &[usize], out: &DispatchOut) -> Result<()> {
+        let s = self.spec();
+        let (h, dtype, local) = (s.hidden, self.dtype(), s.local_experts());
+        for (i, r) in self.local_ranks().enumerate() {
+            let (p, n) = (self.ep.ptrs(r), rows[i]);
+            self.copy(r, out.rows[i].ptr, p.out_rows, n * dtype.row_bytes(h))?;
+            if dtype == RowDtype::Fp8 {
+                self.copy(r, out.scales[i].ptr, p.out_scales, n * (h / 128) * 4)?;
+            }
+            self.copy(r, out.probs[i].ptr, p.out_probs, n * 4)?;
+            if let Some(c) = out.tokens_per_expert.get(i) {
+                let padded = self.ep.handle_ptrs(handle, r).padded;
+                self.copy(r, c.ptr, padded, local * 4)?;
+            }
+            if let Some(c) = out.codes.get(i) {
+                self.copy(r, c.ptr, self.ep.error_code_ptr(r), 4)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// combine_with_unpermute of `rows[r]` bf16 `[rows_r, H]` into `y[r]` bf16 `[T_r, H]` in
+    /// `order`, waiting for it after a blocking dispatch when `wait`. With `prob_grads`
+    /// (`[rows_r]` f32) and `grad_probs` (`[T_r, K]` f32) it is dispatch's backward: the prob
+    /// gradients are scattered back too.
     #[allow(clippy::too_many_arguments)]
     pub fn combine(
         &self,
@@ -486,6 +533,7 @@ impl World {
         order: &str,
         y: &[TensorArg],
         streams: &[u64],
+        wait: bool,
     ) -> Result<()> {
         self.check_filled(d)?;
         let order = combine_order(order)?;
@@ -516,6 +564,15 @@ impl World {
                 )?;
             }
         }
+        // The kernel writes y and the prob gradients straight into the caller's tensors.
+        let outputs: Vec<CombineOutputs> = ranks
+            .clone()
+            .enumerate()
+            .map(|(i, r)| CombineOutputs {
+                y: y[i].ptr,
+                grad_probs: grads.map_or(self.ep.ptrs(r).grad_probs, |(_, out)| out[i].ptr),
+            })
+            .collect();
         self.on_streams(streams, || {
             for (i, r) in ranks.clone().enumerate() {
                 let (p, n) = (self.ep.ptrs(r), d.rows[i]);
@@ -524,27 +581,22 @@ impl World {
                     self.copy(r, p.comb_prob_grads, g[i].ptr, n * 4)?;
                 }
             }
-            self.ep
-                .combine(&d.handle, grads.is_some(), order, d.mode())?;
-            for (i, r) in ranks.clone().enumerate() {
-                let (p, t) = (self.ep.ptrs(r), d.tokens[i]);
-                self.copy(r, y[i].ptr, p.y, t * h * 2)?;
-                if let Some((_, out)) = grads {
-                    self.copy(r, out[i].ptr, p.grad_probs, t * k * 4)?;
-                }
-            }
-            Ok(())
+            Ok(self
+                .ep
+                .combine_into(&d.handle, grads.is_some(), order, d.mode(wait), &outputs)?)
         })
     }
 
-    /// Combine's backward (blocking): `grad_y[r]` bf16 `[T_r, H]` dispatched along `d`'s
-    /// routing into `grad_rows[r]` bf16 `[rows_r, H]` (padding rows zero).
+    /// Combine's backward: `grad_y[r]` bf16 `[T_r, H]` dispatched along `d`'s routing into
+    /// `grad_rows[r]` bf16 `[rows_r, H]` (padding rows zero), waiting for it after a blocking
+    /// dispatch when `wait`.
     pub fn combine_backward(
         &self,
         d: &Dispatch,
         grad_y: &[TensorArg],
         grad_rows: &[TensorArg],
         streams: &[u64],
+        wait: bool,
     ) -> Result<()> {
         self.check_filled(d)?;
         let s = self.spec();
@@ -567,7 +619,7 @@ impl World {
             for (g, (i, r)) in grad_y.iter().zip(ranks.clone().enumerate()) {
                 self.copy(r, self.ep.ptrs(r).x, g.ptr, d.tokens[i] * h * 2)?;
             }
-            self.ep.combine_backward(&d.handle, d.mode())?;
+            self.ep.combine_backward(&d.handle, d.mode(wait))?;
             for (g, (i, r)) in grad_rows.iter().zip(ranks.clone().enumerate()) {
                 self.copy(r, g.ptr, self.ep.ptrs(r).out_rows, d.rows[i] * h * 2)?;
             }

@@ -9,7 +9,7 @@ use megamoe_ep::RowDtype;
 use super::ipc::{IpcBuffer, IpcPeer};
 use super::reference::{reference, ReferenceInputs};
 use super::tensor::TensorArg;
-use super::{Dispatch, World, WorldArgs};
+use super::{Dispatch, DispatchOut, World, WorldArgs};
 use crate::api::count;
 use crate::error::Error;
 
@@ -228,6 +228,11 @@ impl PyWorld {
     fn hidden(&self) -> usize {
         self.world.spec().hidden
     }
+    /// The most rows one rank's dispatch can produce (the largest `num_rows_bound`).
+    #[getter]
+    fn max_rows(&self) -> usize {
+        self.world.spec().max_rows()
+    }
     #[getter]
     fn dtype(&self) -> &'static str {
         match self.world.dtype() {
@@ -255,7 +260,10 @@ impl PyWorld {
         Ok(py.detach(|| self.world.sync(&streams))?)
     }
 
-    #[pyo3(signature = (handle, x, x_scales, topk_idx, probs, pad_multiple, num_rows_bound, streams))]
+    #[pyo3(signature = (
+        handle, x, x_scales, topk_idx, probs, pad_multiple, num_rows_bound, streams,
+        out_rows = None, out_scales = None, out_probs = None, tokens_per_expert = None, codes = None
+    ))]
     #[allow(clippy::too_many_arguments)]
     fn dispatch(
         &self,
@@ -268,17 +276,56 @@ impl PyWorld {
         pad_multiple: i64,
         num_rows_bound: Option<i64>,
         streams: Vec<u64>,
+        out_rows: Option<&Bound<'_, PyAny>>,
+        out_scales: Option<&Bound<'_, PyAny>>,
+        out_probs: Option<&Bound<'_, PyAny>>,
+        tokens_per_expert: Option<&Bound<'_, PyAny>>,
+        codes: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let (x, xs) = (tensors("x", x)?, optional("x_scales", x_scales)?);
         let (idx, p) = (tensors("topk_idx", topk_idx)?, tensors("probs", probs)?);
+        let outs = match (out_rows, out_probs) {
+            (Some(rows), Some(probs)) => Some((
+                tensors("out_rows", rows)?,
+                optional("out_scales", out_scales)?,
+                tensors("out_probs", probs)?,
+                optional("tokens_per_expert", tokens_per_expert)?,
+                optional("codes", codes)?,
+            )),
+            (None, None) => None,
+            _ => {
+                return Err(Error::Value(
+                    "out_rows: given without out_probs, or the other way round".into(),
+                )
+                .into())
+            }
+        };
+        let out = outs
+            .as_ref()
+            .map(|(rows, scales, probs, counts, codes)| DispatchOut {
+                rows,
+                scales,
+                probs,
+                tokens_per_expert: counts,
+                codes,
+            });
         let d = &mut handle.d;
         Ok(py.detach(|| {
-            self.world
-                .dispatch(d, &x, &xs, &idx, &p, pad_multiple, num_rows_bound, &streams)
+            self.world.dispatch(
+                d,
+                &x,
+                &xs,
+                &idx,
+                &p,
+                pad_multiple,
+                num_rows_bound,
+                &streams,
+                out,
+            )
         })?)
     }
 
-    #[pyo3(signature = (handle, rows, scales, probs, tokens_per_expert, streams))]
+    #[pyo3(signature = (handle, rows, scales, probs, tokens_per_expert, streams, codes = None))]
     #[allow(clippy::too_many_arguments)]
     fn read_dispatch(
         &self,
@@ -289,18 +336,24 @@ impl PyWorld {
         probs: &Bound<'_, PyAny>,
         tokens_per_expert: Option<&Bound<'_, PyAny>>,
         streams: Vec<u64>,
+        codes: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let (rows, scales) = (tensors("rows", rows)?, optional("scales", scales)?);
         let probs = tensors("probs", probs)?;
         let counts = optional("tokens_per_expert", tokens_per_expert)?;
+        let codes = optional("codes", codes)?;
+        let out = DispatchOut {
+            rows: &rows,
+            scales: &scales,
+            probs: &probs,
+            tokens_per_expert: &counts,
+            codes: &codes,
+        };
         let d = &handle.d;
-        Ok(py.detach(|| {
-            self.world
-                .read_dispatch(d, &rows, &scales, &probs, &counts, &streams)
-        })?)
+        Ok(py.detach(|| self.world.read_dispatch(d, out, &streams))?)
     }
 
-    #[pyo3(signature = (handle, rows, order, y, streams, prob_grads = None, grad_probs = None))]
+    #[pyo3(signature = (handle, rows, order, y, streams, prob_grads = None, grad_probs = None, wait = true))]
     #[allow(clippy::too_many_arguments)]
     fn combine(
         &self,
@@ -312,6 +365,7 @@ impl PyWorld {
         streams: Vec<u64>,
         prob_grads: Option<&Bound<'_, PyAny>>,
         grad_probs: Option<&Bound<'_, PyAny>>,
+        wait: bool,
     ) -> PyResult<()> {
         let (rows, y) = (tensors("rows", rows)?, tensors("y", y)?);
         let grads = match (prob_grads, grad_probs) {
@@ -326,9 +380,13 @@ impl PyWorld {
         };
         let d = &handle.d;
         let grads = grads.as_ref().map(|(g, o)| (g.as_slice(), o.as_slice()));
-        Ok(py.detach(|| self.world.combine(d, &rows, grads, order, &y, &streams))?)
+        Ok(py.detach(|| {
+            self.world
+                .combine(d, &rows, grads, order, &y, &streams, wait)
+        })?)
     }
 
+    #[pyo3(signature = (handle, grad_y, grad_rows, streams, wait = true))]
     fn combine_backward(
         &self,
         py: Python<'_>,
@@ -336,10 +394,11 @@ impl PyWorld {
         grad_y: &Bound<'_, PyAny>,
         grad_rows: &Bound<'_, PyAny>,
         streams: Vec<u64>,
+        wait: bool,
     ) -> PyResult<()> {
         let (gy, gr) = (tensors("grad_y", grad_y)?, tensors("grad_rows", grad_rows)?);
         let d = &handle.d;
-        Ok(py.detach(|| self.world.combine_backward(d, &gy, &gr, &streams))?)
+        Ok(py.detach(|| self.world.combine_backward(d, &gy, &gr, &streams, wait))?)
     }
 }
 

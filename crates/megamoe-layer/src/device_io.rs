@@ -11,99 +11,10 @@
 //! see `y`, and the caller may reuse its input tensors at once.
 
 use megamoe_core::Error;
-use megamoe_cuda::{DeviceBuffer, Gpu};
 
+use crate::call::{copy_and_wait, Activations, DeviceRankTensors, IndexType, RankInput};
 use crate::error::{LayerError, Result};
 use crate::layer::MoeLayer;
-use crate::split::{Activations, RankInput};
-
-/// One rank's activations on its GPU: bf16 `[T, H]`, or e4m3 `[T, H]` with f32 scales `[T,
-/// H/128]`.
-#[derive(Clone, Copy, Debug)]
-pub struct DeviceActivations {
-    tokens: usize,
-    x: u64,
-    /// The scales' address for e4m3 rows; None for bf16 rows.
-    scales: Option<u64>,
-}
-
-impl DeviceActivations {
-    /// `tokens` rows at device address `x`: bf16 when `scales` is None, else e4m3 with their
-    /// scales at `scales`.
-    ///
-    /// # Safety
-    /// The addresses must hold the rows (and scales) of that many tokens, in memory the layer's
-    /// GPU can read, and stay allocated and unchanged until the call that reads them returns.
-    pub unsafe fn new(tokens: usize, x: u64, scales: Option<u64>) -> DeviceActivations {
-        DeviceActivations { tokens, x, scales }
-    }
-
-    /// T, the rows.
-    pub fn tokens(&self) -> usize {
-        self.tokens
-    }
-
-    /// Copies the rows into the first of `places` (bf16) or the rows and scales into the other
-    /// two (e4m3), each a buffer of `gpu` and a byte offset, of `hidden` columns; returns
-    /// whether the rows were bf16 (the quantizer must then run first).
-    pub(crate) fn copy_into(
-        &self,
-        gpu: &Gpu,
-        places: [(&DeviceBuffer, usize); 3],
-        hidden: usize,
-    ) -> Result<bool> {
-        let [bf16, rows, scales] = places;
-        let t = self.tokens;
-        let copy = |(buf, offset): (&DeviceBuffer, usize), src, bytes| -> Result<()> {
-            let dst = buf.ptr_at(offset, bytes)?;
-            // SAFETY: the contract of `new` on `src`; the destination lies inside the buffer.
-            unsafe { copy_and_wait(gpu, dst, src, bytes) }
-        };
-        match self.scales {
-            None => copy(bf16, self.x, t * hidden * 2)?,
-            Some(s) => {
-                copy(rows, self.x, t * hidden)?;
-                copy(scales, s, t * hidden / 128 * 4)?;
-            }
-        }
-        Ok(self.scales.is_none())
-    }
-}
-
-/// Copies `bytes` between device addresses on `gpu`'s stream and waits for the copy: the
-/// caller's tensors are free to reuse, and `y` written, once a call returns. The layer's
-/// buffers of a rank are allocated by its GPU handle, so the copy is ordered with their
-/// uploads and launches.
-///
-/// # Safety
-/// As [`Gpu::copy_raw`].
-unsafe fn copy_and_wait(gpu: &Gpu, dst: u64, src: u64, bytes: usize) -> Result<()> {
-    // SAFETY: the caller's contract.
-    unsafe { gpu.copy_raw(dst, src, bytes)? };
-    Ok(gpu.synchronize()?)
-}
-
-/// Integers of `topk_idx` on the device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum IndexType {
-    I32,
-    /// What `torch.topk` returns; each value must fit an i32 (else the call is refused).
-    I64,
-}
-
-/// One rank's tensors of one call on its GPU, by device address (see
-/// [`MoeLayer::forward_device`]).
-#[derive(Clone, Copy, Debug)]
-pub struct DeviceRankTensors {
-    pub x: DeviceActivations,
-    /// `[T, K]` of `topk_idx_type`.
-    pub topk_idx: u64,
-    pub topk_idx_type: IndexType,
-    /// f32 `[T, K]`.
-    pub topk_weights: u64,
-    /// bf16 `[T, H]`, written.
-    pub y: u64,
-}
 
 /// A rank's routing read back to the host.
 struct HostRouting {

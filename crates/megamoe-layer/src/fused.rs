@@ -31,16 +31,16 @@ use megamoe_gemm::grouped::gemm_params;
 use megamoe_gemm::heuristics::{GemmConfig, GemmProblem, Layout, OutDtype};
 use megamoe_gemm::GemmPointers;
 
+use crate::call::{check_call, Activations, RankInput};
 use crate::error::{LayerError, Result};
 use crate::inputs::{append_staged, download_outputs};
 use crate::kernel::{
-    fused_smem_bytes, fused_spec, l1_config, FusedParams, FusedProbeParams, FusedRegions,
+    comm_sms, fused_smem_bytes, fused_spec, l1_config, FusedParams, FusedProbeParams, FusedRegions,
     SwigluQuant, FUSED_BAD_BOUND, FUSED_CORRUPT_COUNT, FUSED_NO_FAULT, FUSED_RING_OVERFLOW,
     FUSED_SLOW_PEER, FUSED_STOP_AFTER_ROUTING, FUSED_STOP_MID_COMBINE, FUSED_STOP_MID_TASKS,
     FUSED_THREADS,
 };
 use crate::spec::{LayerSpec, POOL_PAD};
-use crate::split::{check_call, comm_sms, Activations, RankInput};
 use crate::weights;
 
 /// The names of the fused kernel's own waits (`FusedWait` in
@@ -986,17 +986,9 @@ fn describe(rec: ErrorRecord) -> String {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-
-    /// An exchange for tests whose arguments must be rejected before any exchange.
-    pub(crate) struct Unreachable;
-
-    impl AllGather for Unreachable {
-        fn all_gather(&mut self, _: &[u8]) -> megamoe_cuda::Result<Vec<Vec<u8>>> {
-            panic!("the arguments should have been rejected before any exchange")
-        }
-    }
+    use crate::call::tests::Unreachable;
 
     #[test]
     fn a_rank_outside_the_world_is_rejected_before_any_exchange() {

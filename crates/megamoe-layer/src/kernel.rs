@@ -301,9 +301,30 @@ pub fn kernel_specs() -> Vec<KernelSpec> {
     ]
 }
 
+/// Blocks of one rank's launch that waits on other ranks (the split form's dispatch and combine,
+/// the fused kernel): the caller's choice, else every SM of the rank's share of its GPU (in the
+/// split form nothing runs beside them: measured faster than megamoe-ep's default,
+/// docs/PERF.md); never more than the GPU's SMs over the ranks placed on it, so every rank's
+/// blocks are resident at once and no waiting block keeps another rank's from running.
+pub(crate) fn comm_sms(requested: Option<usize>, ranks: usize, gpus: usize, sms: usize) -> usize {
+    let per_gpu = ranks.div_ceil(gpus.min(ranks));
+    let fit = (sms / per_gpu).max(1);
+    requested.unwrap_or(fit).clamp(1, fit)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn communication_blocks_of_every_virtual_rank_fit_on_the_gpu() {
+        assert_eq!(comm_sms(None, 1, 1, 132), 132);
+        assert_eq!(comm_sms(Some(24), 1, 1, 132), 24);
+        assert_eq!(comm_sms(Some(200), 1, 1, 132), 132);
+        assert_eq!(comm_sms(None, 8, 1, 132), 16);
+        assert_eq!(comm_sms(Some(64), 8, 2, 132), 33);
+        assert_eq!(comm_sms(Some(0), 2, 2, 132), 1);
+    }
 
     #[test]
     fn every_included_header_is_embedded() {

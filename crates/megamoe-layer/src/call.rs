@@ -11,6 +11,8 @@ use megamoe_cuda::{DeviceBuffer, Gpu};
 
 use crate::error::{LayerError, Result};
 use crate::spec::LayerSpec;
+#[cfg(doc)]
+use crate::MoeLayer;
 
 /// One rank's activations for one call.
 #[derive(Clone, Copy, Debug)]
@@ -72,8 +74,12 @@ impl DeviceActivations {
         let t = self.tokens;
         let copy = |(buf, offset): (&DeviceBuffer, usize), src, bytes| -> Result<()> {
             let dst = buf.ptr_at(offset, bytes)?;
+            if dst == src {
+                return Ok(()); // staged in place (the layer's own staging tensors)
+            }
             // SAFETY: the contract of `new` on `src`; the destination lies inside the buffer.
-            Ok(unsafe { gpu.copy_raw(dst, src, bytes)? })
+            unsafe { gpu.copy_raw(dst, src, bytes)? };
+            Ok(())
         };
         match self.scales {
             None => copy(bf16, self.x, t * hidden * 2)?,
@@ -106,6 +112,10 @@ pub struct DeviceRankTensors {
     pub topk_weights: u64,
     /// bf16 `[T, H]`, written.
     pub y: u64,
+    /// i32 `[E_l]`: the rows each of the rank's experts receives in the call are added to it
+    /// (DeepGEMM's `cumulative_local_expert_recv_stats`); only calls checked on the device
+    /// ([`MoeLayer::launch_device`]) take it.
+    pub recv_stats: Option<u64>,
 }
 
 /// The T of each rank of `ranks` (the ranks this process holds, one input each), after
@@ -130,6 +140,17 @@ pub(crate) fn check_call(
         let t = check_input(s, input).map_err(|e| LayerError::input(r, e))?;
         tokens.push(t);
     }
+    check_bound(s, &tokens, num_tokens_bound)?;
+    Ok(tokens)
+}
+
+/// `num_tokens_bound`, when given, is at least each of `tokens` (the local ranks' T) and at
+/// most T_max.
+pub(crate) fn check_bound(
+    s: &LayerSpec,
+    tokens: &[usize],
+    num_tokens_bound: Option<usize>,
+) -> Result<()> {
     if let Some(bound) = num_tokens_bound {
         let most = tokens.iter().copied().max().unwrap_or(0);
         if bound < most || bound > s.max_tokens {
@@ -144,7 +165,7 @@ pub(crate) fn check_call(
             .into());
         }
     }
-    Ok(tokens)
+    Ok(())
 }
 
 /// T of one rank's input, after checking every length, the routing and the weights.

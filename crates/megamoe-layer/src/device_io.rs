@@ -9,11 +9,19 @@
 //! runs as [`MoeLayer::forward`] does, and each rank's output is copied to the caller's `y`.
 //! Every copy completes before the function returns, so the caller's stream needs no event to
 //! see `y`, and the caller may reuse its input tensors at once.
+//!
+//! [`MoeLayer::launch_device`] (the fused kind): the same call with no host synchronization and
+//! no read of the values, which the device checks instead (src/route_check.rs); the work is
+//! queued after the caller's stream and the caller's stream after it (one event each way), so
+//! a CUDA graph captured on the caller's stream records it. [`MoeLayer::check`] waits and
+//! reports what the device found.
 
 use megamoe_core::Error;
 
 use crate::call::{copy_and_wait, Activations, DeviceRankTensors, IndexType, RankInput};
 use crate::error::{LayerError, Result};
+#[cfg(doc)]
+use crate::fused::FusedLayer;
 use crate::layer::MoeLayer;
 
 /// A rank's routing read back to the host.
@@ -52,6 +60,15 @@ impl MoeLayer {
                 }
                 .into());
             }
+        }
+        if tensors.iter().any(|t| t.recv_stats.is_some()) {
+            return Err(Error::Value {
+                arg: "recv_stats",
+                value: "given".into(),
+                reason: "only calls checked on the device (launch_device) count received rows"
+                    .into(),
+            }
+            .into());
         }
         let k = spec.shape.topk;
         let mut routing = Vec::with_capacity(local.len());
@@ -100,6 +117,52 @@ impl MoeLayer {
         }
         Ok(())
     }
+}
+
+impl MoeLayer {
+    /// [`FusedLayer::launch_device`]: one call queued with no host synchronization, its values
+    /// checked on the device. The split kind reads the routing on the host to plan its
+    /// dispatch: it takes [`Self::forward_device`] instead.
+    ///
+    /// # Safety
+    /// That of [`FusedLayer::launch_device`].
+    pub unsafe fn launch_device(
+        &mut self,
+        tensors: &[DeviceRankTensors],
+        num_tokens_bound: Option<usize>,
+        streams: &[u64],
+    ) -> Result<()> {
+        match self {
+            // SAFETY: the caller's contract.
+            MoeLayer::Fused(l) => unsafe { l.launch_device(tensors, num_tokens_bound, streams) },
+            MoeLayer::Split(_) => Err(split_reads_the_host()),
+        }
+    }
+
+    /// Waits for every local rank and reports the first failure of the calls since the last
+    /// check ([`FusedLayer::check`]; the split kind reports its failures in each call).
+    pub fn check(&mut self) -> Result<()> {
+        match self {
+            MoeLayer::Fused(l) => l.check(),
+            MoeLayer::Split(l) => {
+                for r in l.local_ranks() {
+                    l.gpu(r).synchronize()?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+fn split_reads_the_host() -> LayerError {
+    Error::Value {
+        arg: "kind",
+        value: "split".into(),
+        reason: "the split layer reads the routing on the host; calls launched from device \
+                 memory alone are the fused layer's"
+            .into(),
+    }
+    .into()
 }
 
 /// i64 expert ids as the i32 the layer takes; a value outside i32 is out of range whatever E is.

@@ -31,7 +31,7 @@ use megamoe_gemm::grouped::gemm_params;
 use megamoe_gemm::heuristics::{GemmConfig, GemmProblem, Layout, OutDtype};
 use megamoe_gemm::GemmPointers;
 
-use crate::call::{check_call, Activations, RankInput};
+use crate::call::{check_bound, check_call, Activations, DeviceRankTensors, IndexType, RankInput};
 use crate::error::{LayerError, Result};
 use crate::inputs::{append_staged, download_outputs};
 use crate::kernel::{
@@ -40,6 +40,7 @@ use crate::kernel::{
     FUSED_SLOW_PEER, FUSED_STOP_AFTER_ROUTING, FUSED_STOP_MID_COMBINE, FUSED_STOP_MID_TASKS,
     FUSED_THREADS,
 };
+use crate::route_check::{RouteCheckParams, RouteChecker};
 use crate::spec::{LayerSpec, POOL_PAD};
 use crate::weights;
 
@@ -108,6 +109,8 @@ struct FusedRank {
     quantizer: Quantizer,
     /// The traced kernel's timeline (impls/fused_trace.cuh), when the layer records one.
     trace: Option<DeviceBuffer>,
+    /// The device check of calls the host does not read ([`FusedLayer::launch_device`]).
+    route: RouteChecker,
 }
 
 /// How a fused layer is built beyond its spec.
@@ -461,6 +464,7 @@ impl FusedLayer {
                     wait_record: rank.wait_record(),
                     deadline_ns: deadline_ns(rank.deadline()),
                     pull_ahead: megamoe_core::plan::rules::PULL_AHEAD_BLOCKS as u64,
+                    recv_stats: 0,
                     rank: r as i32,
                     ranks: spec.ranks as i32,
                     hidden: h as i32,
@@ -484,6 +488,7 @@ impl FusedLayer {
                 },
             };
             ranks.push(FusedRank {
+                route: RouteChecker::new(&gpu)?,
                 quantizer: Quantizer::new(&gpu)?,
                 x_bf16: gpu.alloc(spec.max_tokens * h * 2)?,
                 kernel,
@@ -578,13 +583,7 @@ impl FusedLayer {
         let (e, el) = (s.shape.experts, s.shape.local_experts(s.ranks));
         // The order of the call, from the first local rank's bound (every rank computes the
         // same from its own).
-        let ring = self.layout.ring;
-        let bound0 = bounds[0].min(ring.t_cap);
-        let order = call_order(&s.shape, s.ranks, &ring, bound0.max(1), 128);
-        let lag_units = match order.order {
-            Order::SingleWave => 0,
-            Order::Lagged { lag_units } => lag_units,
-        };
+        let (lag_units, ring_slots) = self.order(bounds[0]);
         let off = |name| region(&self.layout, name) as usize;
         let mut bf16 = Vec::with_capacity(inputs.len());
         for ((r, rank), input) in self.local_ranks().zip(&self.ranks).zip(inputs) {
@@ -619,8 +618,20 @@ impl FusedLayer {
             bounds,
             bf16,
             lag_units,
-            ring_slots: order.ring_slots,
+            ring_slots,
         })
+    }
+
+    /// The order of a call of bound `bound`: (lag units, 0 for a single wave; ring slots).
+    fn order(&self, bound: usize) -> (usize, usize) {
+        let s = &self.spec;
+        let ring = self.layout.ring;
+        let order = call_order(&s.shape, s.ranks, &ring, bound.min(ring.t_cap).max(1), 128);
+        let lag_units = match order.order {
+            Order::SingleWave => 0,
+            Order::Lagged { lag_units } => lag_units,
+        };
+        (lag_units, order.ring_slots)
     }
 
     fn check_usable(&self) -> Result<()> {
@@ -669,21 +680,150 @@ impl FusedLayer {
             p.r.bound = staged.bounds[i].min(i32::MAX as usize) as i32;
             p.r.lag_units = staged.lag_units as i32;
             p.r.ring_slots = staged.ring_slots as i32;
-            match self.probe {
-                None => rank.gpu.launch(&rank.kernel, &self.launch, &p)?,
-                Some(probe) => {
-                    let probed = FusedProbeParams {
-                        fused: p,
-                        trace: rank.trace.as_ref().map_or(0, |t| t.ptr()),
-                        fault_rank: probe.fault_rank,
-                        fault: probe.fault,
-                        sleep_ns: probe.sleep_ns,
-                    };
-                    rank.gpu.launch(&rank.kernel, &self.launch, &probed)?
-                }
+            self.launch_kernel(rank, p)?;
+        }
+        Ok(())
+    }
+
+    /// Queues rank `rank`'s fused kernel with `p` (the probe instantiation's when it runs).
+    fn launch_kernel(&self, rank: &FusedRank, p: FusedParams) -> Result<()> {
+        match self.probe {
+            None => rank.gpu.launch(&rank.kernel, &self.launch, &p)?,
+            Some(probe) => {
+                let probed = FusedProbeParams {
+                    fused: p,
+                    trace: rank.trace.as_ref().map_or(0, |t| t.ptr()),
+                    fault_rank: probe.fault_rank,
+                    fault: probe.fault,
+                    sleep_ns: probe.sleep_ns,
+                };
+                rank.gpu.launch(&rank.kernel, &self.launch, &probed)?
             }
         }
         Ok(())
+    }
+
+    /// Queues one call of every local rank after the caller's streams, with no host
+    /// synchronization and no read of the tensors' values (a CUDA graph may capture it):
+    /// `tensors[i]` and `streams[i]` are local rank i's, as [`MoeLayer::forward_device`] takes
+    /// them; each rank's output is written to its `y` directly, and `streams[i]` waits for it.
+    /// The host checks the shapes and the bound (every T at most the bound, the bound at most
+    /// T_max) and reports a routing fault the device recorded in an earlier call (a `topk_idx`
+    /// or `topk_weights` error naming the rank; the call then queues nothing). The device
+    /// checks the values: a token with an expert id outside [-1, E), an expert twice, or a
+    /// routed slot's weight not finite gets a zero output row and is recorded (the first such
+    /// slot, reported by the next call or by [`Self::check`]); every other token's output is
+    /// that of a clean call. Bounds that differ between ranks and expired waits are reported
+    /// by [`Self::check`]. The host-side [`Self::expert_counts`] do not count these calls
+    /// (`recv_stats` counts on the device).
+    ///
+    /// # Safety
+    /// That of [`MoeLayer::forward_device`], and the addresses stay valid until the calls
+    /// queued here have run (the caller's stream has passed them).
+    pub unsafe fn launch_device(
+        &mut self,
+        tensors: &[DeviceRankTensors],
+        num_tokens_bound: Option<usize>,
+        streams: &[u64],
+    ) -> Result<()> {
+        self.check_usable()?;
+        let local = self.local_ranks();
+        for (arg, got) in [("inputs", tensors.len()), ("streams", streams.len())] {
+            if got != local.len() {
+                return Err(Error::Length {
+                    arg,
+                    got,
+                    expected: local.len(),
+                }
+                .into());
+            }
+        }
+        self.take_route_faults()?;
+        let s = self.spec;
+        let (h, k) = (s.shape.hidden, s.shape.topk);
+        let mut tokens = Vec::with_capacity(tensors.len());
+        for (r, t) in local.clone().zip(tensors) {
+            let got = t.x.tokens();
+            if got > s.max_tokens {
+                let e = Error::Capacity {
+                    arg: "x",
+                    got,
+                    capacity: s.max_tokens,
+                };
+                return Err(LayerError::input(r, e));
+            }
+            tokens.push(got);
+        }
+        check_bound(&s, &tokens, num_tokens_bound)?;
+        let bound = num_tokens_bound.unwrap_or(self.layout.ring.t_cap);
+        let (lag_units, ring_slots) = self.order(bound);
+        let (x, xs) = (region(&self.layout, "x"), region(&self.layout, "x_scales"));
+        let (ids, weights) = (
+            region(&self.layout, "topk_idx"),
+            region(&self.layout, "topk_weights"),
+        );
+        for (((r, rank), t), &stream) in local.zip(&self.ranks).zip(tensors).zip(streams) {
+            let gpu = &rank.gpu;
+            gpu.wait_for(stream)?;
+            let buf = self.buffers.local(r);
+            let places = [(&rank.x_bf16, 0), (buf, x as usize), (buf, xs as usize)];
+            if t.x.copy_into(gpu, places, h)? {
+                let (x, xs) = ((buf, x as usize), (buf, xs as usize));
+                rank.quantizer
+                    .launch_at(gpu, &rank.x_bf16, x, xs, t.x.tokens(), h)?;
+            }
+            if t.x.tokens() > 0 {
+                let base = self.buffers.ptr(r);
+                let check = RouteCheckParams {
+                    topk_idx: t.topk_idx,
+                    topk_weights: t.topk_weights,
+                    out_idx: base + ids,
+                    out_weights: base + weights,
+                    fault: 0,
+                    tokens: t.x.tokens() as i32,
+                    topk: k as i32,
+                    experts: s.shape.experts as i32,
+                    idx64: (t.topk_idx_type == IndexType::I64) as i32,
+                };
+                rank.route.launch(gpu, check)?;
+            }
+            let mut p = rank.params;
+            p.r.tokens = t.x.tokens() as i32;
+            p.r.bound = bound as i32;
+            p.r.lag_units = lag_units as i32;
+            p.r.ring_slots = ring_slots as i32;
+            p.r.y = t.y;
+            p.r.recv_stats = t.recv_stats.unwrap_or(0);
+            self.launch_kernel(rank, p)?;
+            gpu.release_to(stream)?;
+        }
+        Ok(())
+    }
+
+    /// Reports (and clears) the routing faults the device recorded for the local ranks: the
+    /// first as a `topk_idx` or `topk_weights` error naming its rank.
+    fn take_route_faults(&self) -> Result<()> {
+        let mut first = None;
+        for (r, rank) in self.local_ranks().zip(&self.ranks) {
+            if let Some(fault) = rank.route.take() {
+                first.get_or_insert((r, fault));
+            }
+        }
+        match first {
+            None => Ok(()),
+            Some((r, fault)) => Err(LayerError::input(
+                r,
+                fault.to_error(self.spec.shape.experts),
+            )),
+        }
+    }
+
+    /// Waits for every local rank's calls and reports the first failure since the last check
+    /// or finish: a device wait past its deadline, a call every rank rejected, then a routing
+    /// fault of a call from [`Self::launch_device`] (see [`Self::finish`]).
+    pub fn check(&mut self) -> Result<()> {
+        self.finish()?;
+        self.take_route_faults()
     }
 
     /// Waits for every local rank and reports the first failure of the calls since the last finish:

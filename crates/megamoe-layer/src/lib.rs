@@ -35,6 +35,7 @@ pub mod fused;
 pub mod inputs;
 pub mod kernel;
 pub mod layer;
+pub mod route_check;
 pub mod selftest;
 pub mod spec;
 pub mod split;

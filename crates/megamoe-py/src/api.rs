@@ -59,7 +59,7 @@ impl LayerArgs<'_> {
         let spec = LayerSpec {
             kind: Kind::by_name(self.kind)?,
             group: match self.group {
-                Some(g) => count("group", g)?,
+                Some(g) => count("scale_granularity", g)?,
                 None => default_group(&shape),
             },
             // f32 is what the kernels take; a value too large for it becomes inf and is refused.
@@ -309,7 +309,7 @@ mod tests {
                     group: Some(96),
                     ..ok.clone()
                 },
-                "group",
+                "scale_granularity: ",
             ),
             (
                 LayerArgs {

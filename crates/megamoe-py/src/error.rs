@@ -32,7 +32,7 @@ fn python_name(rust: &str) -> Option<&'static str> {
         "topk" => "num_topk",
         "inter" => "intermediate_hidden",
         "kernel" => "kind",
-        "gran" => "group",
+        "gran" | "group" => "scale_granularity",
         _ => return None,
     })
 }
@@ -97,7 +97,7 @@ mod tests {
             panic!("not a value error")
         };
         assert!(m.starts_with("num_ranks: "), "{m}");
-        // Names both users know already stay as the Rust crates wrote them.
+        // The scale granularity is `group` in the Rust crates, `scale_granularity` in Python.
         let e = megamoe_core::Error::Value {
             arg: "group",
             value: "96".into(),
@@ -105,7 +105,17 @@ mod tests {
         };
         assert_eq!(
             Error::from(e),
-            Error::Value("`group` = 96 is invalid: must be 64 or 128".into())
+            Error::Value("scale_granularity: `group` = 96 is invalid: must be 64 or 128".into())
+        );
+        // Names both users know stay as the Rust crates wrote them.
+        let e = megamoe_core::Error::Value {
+            arg: "hidden",
+            value: "100".into(),
+            reason: "must be a multiple of 128".into(),
+        };
+        assert_eq!(
+            Error::from(e),
+            Error::Value("`hidden` = 100 is invalid: must be a multiple of 128".into())
         );
     }
 

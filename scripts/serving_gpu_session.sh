@@ -1,0 +1,48 @@
+#!/bin/bash
+# GPU session of the serving path on one H200: the fused layer's selftest (its output hashes
+# compared with docs/perf/selftest-h200-v9-fused.txt: the routing check and the per-expert
+# statistics must not move a bit), the GPU tests of the layer (python/tests/test_gpu_layer*.py:
+# DeepGEMM's call sequence through megamoe.deep_gemm at world size 1 and with one process per
+# rank, CUDA graph replays bit-equal to eager calls, the values the device checks, and the
+# layer's earlier tests), the decode-graph example, then the host overhead at decode
+# (scripts/serving_host_overhead.py, flash/32 and pro/48). The wheels of WHEEL_DIR (the
+# package's, pytest's) are installed into a scratch folder for PYTHON (default python3, the one
+# with torch). Logs go to OUT_DIR; each step has its own timeout; the summary comes last.
+# usage: scripts/serving_gpu_session.sh MEGAMOE_BINARY WHEEL_DIR OUT_DIR [PYTHON]
+set -u
+bin=$(realpath "$1")
+wheels=$2
+out=$3
+py=${4:-python3}
+mkdir -p "$out"
+source "$(dirname "$0")/gpu_session_lib.sh"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit --format=csv,noheader
+start=$(date +%s)
+
+step selftest_fused 300 selftest --only "layer fused"
+# name -> hash of each check, here and in the recorded run of main's kernels.
+hashes() { grep -oE '^PASS +layer fused .* hash [0-9a-f]{16}' "$1" | sed -E 's/ +[0-9.]+ ms .* hash / /'; }
+hashes docs/perf/selftest-h200-v9-fused.txt | sort > "$out/hashes_recorded.txt"
+hashes "$out/selftest_fused.txt" | sort > "$out/hashes_now.txt"
+if [ -s "$out/hashes_now.txt" ] && diff "$out/hashes_recorded.txt" "$out/hashes_now.txt" > "$out/hashes_diff.txt"; then
+  hash_verdict="unchanged ($(wc -l < "$out/hashes_now.txt") checks)"
+else
+  hash_verdict="CHANGED or missing (see hashes_diff.txt)"
+fi
+
+site=$(wheel_site "$wheels" "$py")
+export PYTHONPATH=$site PYTHONUNBUFFERED=1
+run_step pytest_serving 300 "$py" -m pytest -q -rA -s -p no:cacheprovider \
+  python/tests/test_gpu_layer_serving.py
+run_step pytest_layer 300 "$py" -m pytest -q -rA -s -p no:cacheprovider \
+  python/tests/test_gpu_layer.py python/tests/test_gpu_layer_dist.py
+run_step example_graphs 120 "$py" python/examples/serve_decode_graphs.py --preset flash --steps 12
+run_step host_overhead 300 "$py" scripts/serving_host_overhead.py --presets flash,pro --tokens 64
+
+echo "== summary (session $(( $(date +%s) - start )) s)"
+cat "$out/steps.txt"
+grep -E 'checks passed|^FAIL' "$out/selftest_fused.txt"
+echo "selftest fused hashes against docs/perf/selftest-h200-v9-fused.txt: $hash_verdict"
+for f in pytest_serving pytest_layer; do tail -n 3 "$out/$f.txt"; done
+tail -n 2 "$out/example_graphs.txt"
+grep -E '^\|' "$out/host_overhead.txt"

@@ -181,6 +181,9 @@ pub struct FusedLayer {
     broken: bool,
     /// The probe instantiation runs instead of the default kernel (a timeline, a fault).
     probe: Option<Probe>,
+    /// A layer of one local rank queues [`Self::launch_device`]'s work on the caller's stream
+    /// itself (no event each way): that stream's handle, and the rank's GPU handle on it.
+    caller: Option<(u64, Gpu)>,
 }
 
 /// What the probe instantiation is told beyond the call (device: `FusedProbeParams`).
@@ -513,6 +516,7 @@ impl FusedLayer {
                 fault: FUSED_NO_FAULT,
                 sleep_ns: 0,
             }),
+            caller: None,
         })
     }
 
@@ -680,15 +684,16 @@ impl FusedLayer {
             p.r.bound = staged.bounds[i].min(i32::MAX as usize) as i32;
             p.r.lag_units = staged.lag_units as i32;
             p.r.ring_slots = staged.ring_slots as i32;
-            self.launch_kernel(rank, p)?;
+            self.launch_kernel(&rank.gpu, rank, p)?;
         }
         Ok(())
     }
 
-    /// Queues rank `rank`'s fused kernel with `p` (the probe instantiation's when it runs).
-    fn launch_kernel(&self, rank: &FusedRank, p: FusedParams) -> Result<()> {
+    /// Queues rank `rank`'s fused kernel with `p` on `gpu`'s stream (the probe instantiation's
+    /// when it runs).
+    fn launch_kernel(&self, gpu: &Gpu, rank: &FusedRank, p: FusedParams) -> Result<()> {
         match self.probe {
-            None => rank.gpu.launch(&rank.kernel, &self.launch, &p)?,
+            None => gpu.launch(&rank.kernel, &self.launch, &p)?,
             Some(probe) => {
                 let probed = FusedProbeParams {
                     fused: p,
@@ -697,7 +702,7 @@ impl FusedLayer {
                     fault: probe.fault,
                     sleep_ns: probe.sleep_ns,
                 };
-                rank.gpu.launch(&rank.kernel, &self.launch, &probed)?
+                gpu.launch(&rank.kernel, &self.launch, &probed)?
             }
         }
         Ok(())
@@ -707,6 +712,9 @@ impl FusedLayer {
     /// synchronization and no read of the tensors' values (a CUDA graph may capture it):
     /// `tensors[i]` and `streams[i]` are local rank i's, as [`MoeLayer::forward_device`] takes
     /// them; each rank's output is written to its `y` directly, and `streams[i]` waits for it.
+    /// A layer of one local rank queues the work on `streams[0]` itself; ranks sharing a process
+    /// run on their own streams (they wait on each other), joined to the callers' with an event
+    /// each way.
     /// The host checks the shapes and the bound (every T at most the bound, the bound at most
     /// T_max) and reports a routing fault the device recorded in an earlier call (a `topk_idx`
     /// or `topk_weights` error naming the rank; the call then queues nothing). The device
@@ -762,9 +770,22 @@ impl FusedLayer {
             region(&self.layout, "topk_idx"),
             region(&self.layout, "topk_weights"),
         );
+        let single = self.ranks.len() == 1;
+        if single && self.caller.as_ref().map(|c| c.0) != Some(streams[0]) {
+            // SAFETY: the caller's contract: a live stream of the rank's device's primary
+            // context, alive while calls are queued on it.
+            self.caller = Some((streams[0], unsafe {
+                self.ranks[0].gpu.on_stream(streams[0])
+            }));
+        }
         for (((r, rank), t), &stream) in local.zip(&self.ranks).zip(tensors).zip(streams) {
-            let gpu = &rank.gpu;
-            gpu.wait_for(stream)?;
+            let gpu = match &self.caller {
+                Some((_, caller)) if single => caller,
+                _ => {
+                    rank.gpu.wait_for(stream)?;
+                    &rank.gpu
+                }
+            };
             let buf = self.buffers.local(r);
             let places = [(&rank.x_bf16, 0), (buf, x as usize), (buf, xs as usize)];
             if t.x.copy_into(gpu, places, h)? {
@@ -794,8 +815,10 @@ impl FusedLayer {
             p.r.ring_slots = ring_slots as i32;
             p.r.y = t.y;
             p.r.recv_stats = t.recv_stats.unwrap_or(0);
-            self.launch_kernel(rank, p)?;
-            gpu.release_to(stream)?;
+            self.launch_kernel(gpu, rank, p)?;
+            if !single {
+                gpu.release_to(stream)?;
+            }
         }
         Ok(())
     }
@@ -818,10 +841,15 @@ impl FusedLayer {
         }
     }
 
-    /// Waits for every local rank's calls and reports the first failure since the last check
-    /// or finish: a device wait past its deadline, a call every rank rejected, then a routing
+    /// Waits for the local ranks' devices (every stream: calls queued on the callers' streams
+    /// and graph replays included) and reports the first failure since the last check or
+    /// finish: a device wait past its deadline, a call every rank rejected, then a routing
     /// fault of a call from [`Self::launch_device`] (see [`Self::finish`]).
     pub fn check(&mut self) -> Result<()> {
+        // The calls ran on the callers' streams, or as graph replays on any stream.
+        for rank in &self.ranks {
+            rank.gpu.synchronize_device()?;
+        }
         self.finish()?;
         self.take_route_faults()
     }

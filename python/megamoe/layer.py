@@ -170,10 +170,11 @@ class MoELayer:
         return ys[0] if single else ys
 
     def check(self):
-        """Waits for this process's ranks and raises what the device found since the last
-        check: a ValueError naming ``topk_idx`` or ``topk_weights`` (and the rank) for the first
-        bad value of a call given ``y``, a RuntimeError for a device wait past its deadline (the
-        layer must then be rebuilt) or bounds that differed between ranks."""
+        """Waits for the devices of this process's ranks (every stream, graph replays included)
+        and raises what the device found since the last check: a ValueError naming the rank and
+        ``topk_idx`` or ``topk_weights`` for the first bad value of a call given ``y``, or
+        ``num_tokens_bound`` for bounds that differed between ranks (no rank ran that call); a
+        RuntimeError for a device wait past its deadline (the layer must then be rebuilt)."""
         self._native.check()
 
     def _current_streams(self):

@@ -834,10 +834,10 @@ impl FusedLayer {
         }
         match first {
             None => Ok(()),
-            Some((r, fault)) => Err(LayerError::input(
-                r,
-                fault.to_error(self.spec.shape.experts),
-            )),
+            Some((rank, fault)) => Err(LayerError::OnDevice {
+                rank,
+                source: fault.to_error(self.spec.shape.experts),
+            }),
         }
     }
 
@@ -880,17 +880,29 @@ impl FusedLayer {
                 rejected += 1;
             }
         }
-        match first {
-            None => Ok(()),
-            Some((rank, rec)) => Err(LayerError::Rejected {
+        let Some((rank, rec)) = first else {
+            return Ok(());
+        };
+        let rejected = format!("{rejected} of {} ranks rejected the call", self.ranks.len());
+        Err(match rec.code {
+            FUSED_BAD_BOUND => LayerError::OnDevice {
                 rank,
-                reason: format!(
-                    "{} ({rejected} of {} ranks rejected the call)",
-                    describe(rec),
-                    self.ranks.len()
-                ),
-            }),
-        }
+                source: Error::Value {
+                    arg: "num_tokens_bound",
+                    value: rec.expected.to_string(),
+                    reason: format!(
+                        "rank {} published {} (its bound, or its T above it); bounds must be \
+                         equal on every rank, at least every rank's T and at most T_max; no \
+                         rank ran the call ({rejected})",
+                        rec.peer, rec.seen
+                    ),
+                },
+            },
+            _ => LayerError::Rejected {
+                rank,
+                reason: format!("{} ({rejected})", describe(rec)),
+            },
+        })
     }
 
     /// Every local rank's expired wait, if any (after a failed [`Self::finish`]).
@@ -1140,11 +1152,6 @@ fn trace_report(words: &[u64], ctas: usize, per_cta: usize) -> TraceReport {
 /// What a rejected call's error record means.
 fn describe(rec: ErrorRecord) -> String {
     match rec.code {
-        FUSED_BAD_BOUND => format!(
-            "num_tokens_bound: rank {} published {} where this rank's bound is {} (bounds must be \
-             equal on every rank, at least every rank's T and at most T_max); no rank ran the call",
-            rec.peer, rec.seen, rec.expected
-        ),
         FUSED_RING_OVERFLOW => format!(
             "the call's {} m-blocks do not fit its single-wave ring of {} slots",
             rec.seen, rec.expected

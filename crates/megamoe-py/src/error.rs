@@ -74,7 +74,7 @@ impl From<LayerError> for Error {
         match e {
             LayerError::Spec(e) => e.into(),
             // Keep the rank in the message; the argument still comes first.
-            LayerError::Input { rank, source } => {
+            LayerError::Input { rank, source } | LayerError::OnDevice { rank, source } => {
                 let inner = Error::from(source);
                 Error::Value(format!("rank {rank}: {}", inner.message()))
             }
@@ -138,6 +138,17 @@ mod tests {
         });
         assert!(
             matches!(Error::from(spec), Error::Value(m) if m.starts_with("intermediate_hidden: "))
+        );
+        let on_device = LayerError::OnDevice {
+            rank: 0,
+            source: megamoe_core::Error::Value {
+                arg: "num_tokens_bound",
+                value: "48".into(),
+                reason: "rank 1 published 64".into(),
+            },
+        };
+        assert!(
+            matches!(Error::from(on_device), Error::Value(m) if m.starts_with("rank 0: `num_tokens_bound` = 48"))
         );
         let device = LayerError::Runtime(megamoe_cuda::Error::NoGpu);
         assert!(matches!(Error::from(device), Error::Runtime(m) if m.contains("GPU")));

@@ -117,6 +117,17 @@ def _deep_gemm_rank(rank):
     want = sum(received(b[1], rank * el, el) for b in batches)
     assert torch.equal(stats.cpu(), want), f"rank {rank}: stats {stats.tolist()} != {want.tolist()}"
     print(f"deep_gemm R=2 rank {rank}: y bit-equal, received {stats.tolist()}")
+    # Bounds that differ between the ranks: every rank's kernel finds it, no rank runs the call
+    # or hangs, and check() names the argument; the next good call gives the same bits.
+    l1, l2 = deep_gemm.transform_weights_for_mega_moe_sm90(mine[:2], mine[2:])
+    y_bad = torch.empty_like(y)
+    deep_gemm.fp8_mega_moe(y_bad, l1, l2, buffer, num_tokens_bound=64 * (rank + 1))
+    with pytest.raises(ValueError, match="num_tokens_bound"):
+        buffer.layer.check()
+    y_again = torch.empty_like(y)
+    deep_gemm.fp8_mega_moe(y_again, l1, l2, buffer, num_tokens_bound=64)
+    buffer.layer.check()
+    assert same_bits(y_again, y), f"rank {rank}: the call after the rejected one differs"
 
 
 def test_deep_gemm_call_sequence_with_one_process_per_rank():

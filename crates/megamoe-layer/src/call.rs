@@ -118,6 +118,21 @@ pub struct DeviceRankTensors {
     pub recv_stats: Option<u64>,
 }
 
+/// One entry per local rank in each of a device call's per-rank lists.
+pub(crate) fn check_lengths(local: usize, tensors: usize, streams: usize) -> Result<()> {
+    for (arg, got) in [("inputs", tensors), ("streams", streams)] {
+        if got != local {
+            return Err(Error::Length {
+                arg,
+                got,
+                expected: local,
+            }
+            .into());
+        }
+    }
+    Ok(())
+}
+
 /// The T of each rank of `ranks` (the ranks this process holds, one input each), after
 /// checking the input count, every input and the bound (at least each of these ranks' T, at
 /// most T_max), before anything is written.

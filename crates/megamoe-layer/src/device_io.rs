@@ -18,7 +18,9 @@
 
 use megamoe_core::Error;
 
-use crate::call::{copy_and_wait, Activations, DeviceRankTensors, IndexType, RankInput};
+use crate::call::{
+    check_lengths, copy_and_wait, Activations, DeviceRankTensors, IndexType, RankInput,
+};
 use crate::error::{LayerError, Result};
 #[cfg(doc)]
 use crate::fused::FusedLayer;
@@ -51,16 +53,7 @@ impl MoeLayer {
     ) -> Result<()> {
         let spec = *self.spec();
         let local = self.local_ranks();
-        for (arg, got) in [("inputs", tensors.len()), ("streams", streams.len())] {
-            if got != local.len() {
-                return Err(Error::Length {
-                    arg,
-                    got,
-                    expected: local.len(),
-                }
-                .into());
-            }
-        }
+        check_lengths(local.len(), tensors.len(), streams.len())?;
         if tensors.iter().any(|t| t.recv_stats.is_some()) {
             return Err(Error::Value {
                 arg: "recv_stats",

@@ -31,7 +31,9 @@ use megamoe_gemm::grouped::gemm_params;
 use megamoe_gemm::heuristics::{GemmConfig, GemmProblem, Layout, OutDtype};
 use megamoe_gemm::GemmPointers;
 
-use crate::call::{check_bound, check_call, Activations, DeviceRankTensors, IndexType, RankInput};
+use crate::call::{
+    check_bound, check_call, check_lengths, Activations, DeviceRankTensors, IndexType, RankInput,
+};
 use crate::error::{LayerError, Result};
 use crate::inputs::{append_staged, download_outputs};
 use crate::kernel::{
@@ -736,16 +738,7 @@ impl FusedLayer {
     ) -> Result<()> {
         self.check_usable()?;
         let local = self.local_ranks();
-        for (arg, got) in [("inputs", tensors.len()), ("streams", streams.len())] {
-            if got != local.len() {
-                return Err(Error::Length {
-                    arg,
-                    got,
-                    expected: local.len(),
-                }
-                .into());
-            }
-        }
+        check_lengths(local.len(), tensors.len(), streams.len())?;
         self.take_route_faults()?;
         let s = self.spec;
         let (h, k) = (s.shape.hidden, s.shape.topk);

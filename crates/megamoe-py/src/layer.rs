@@ -210,40 +210,31 @@ impl GpuLayer {
         Ok(())
     }
 
-    /// One call of every local rank (see [`MoeLayer::forward_device`]).
+    /// One call of every local rank: checked on the host and waited for
+    /// ([`MoeLayer::forward_device`]), or with `queued`, queued with no host synchronization
+    /// and its values checked on the device ([`MoeLayer::launch_device`]).
     ///
     /// # Safety
-    /// That of [`MoeLayer::forward_device`].
+    /// That of the call it makes.
     pub unsafe fn forward(
         &mut self,
         tensors: &[DeviceRankTensors],
         num_tokens_bound: Option<i64>,
         streams: &[u64],
+        queued: bool,
     ) -> Result<()> {
         let bound = num_tokens_bound
             .map(|b| count("num_tokens_bound", b))
             .transpose()?;
+        let layer = self.built()?;
         // SAFETY: the caller's contract.
-        unsafe { self.built()?.forward_device(tensors, bound, streams)? };
-        Ok(())
-    }
-
-    /// One call of every local rank queued with no host synchronization, its values checked
-    /// on the device (see [`MoeLayer::launch_device`]).
-    ///
-    /// # Safety
-    /// That of [`MoeLayer::launch_device`].
-    pub unsafe fn launch(
-        &mut self,
-        tensors: &[DeviceRankTensors],
-        num_tokens_bound: Option<i64>,
-        streams: &[u64],
-    ) -> Result<()> {
-        let bound = num_tokens_bound
-            .map(|b| count("num_tokens_bound", b))
-            .transpose()?;
-        // SAFETY: the caller's contract.
-        unsafe { self.built()?.launch_device(tensors, bound, streams)? };
+        unsafe {
+            if queued {
+                layer.launch_device(tensors, bound, streams)?
+            } else {
+                layer.forward_device(tensors, bound, streams)?
+            }
+        };
         Ok(())
     }
 
@@ -253,7 +244,7 @@ impl GpuLayer {
     }
 
     /// Rows each local expert of rank `rank` (one this layer holds) has received over the
-    /// calls of [`Self::forward`] (not those of [`Self::launch`], which count on the device).
+    /// host-checked calls of [`Self::forward`] (queued ones count on the device).
     pub fn expert_counts(&mut self, rank: usize) -> Result<Vec<u64>> {
         self.rank_device(rank)?;
         Ok(self.built()?.expert_counts()[rank].clone())
@@ -480,7 +471,9 @@ pub(crate) mod bindings {
             // and each rank's device's current stream.
             let tensors = unsafe { device_tensors(ranks) };
             // SAFETY: as above.
-            py.detach(|| self.with(|l| unsafe { l.forward(&tensors, num_tokens_bound, &streams) }))
+            py.detach(|| {
+                self.with(|l| unsafe { l.forward(&tensors, num_tokens_bound, &streams, false) })
+            })
         }
 
         /// One call queued with no host synchronization (`forward`'s arguments); the values
@@ -497,7 +490,7 @@ pub(crate) mod bindings {
             // until the call has run, and each rank's device's current stream.
             let tensors = unsafe { device_tensors(ranks) };
             // SAFETY: as above. Queuing only: the GIL stays held (no wait).
-            self.with(|l| unsafe { l.launch(&tensors, num_tokens_bound, &streams) })
+            self.with(|l| unsafe { l.forward(&tensors, num_tokens_bound, &streams, true) })
         }
 
         /// Rows each local expert of rank `rank` received over the calls of `forward`.

@@ -13,7 +13,8 @@ keywords) on megamoe's layer. Code written for it runs by changing its import::
 
 Names, argument order, defaults and return types are DeepGEMM's, and each argument means what it
 means there. One process per rank of ``group`` (a torch.distributed process group; a group of one
-process, or None, is world size 1), on its current CUDA device. What differs:
+process, or None, is world size 1), on the CUDA device current when the buffer is made.
+What differs:
 
 - Numerics (SPEC §3): every scale is the raw ``max(amax, floor) / 448`` (the seed's fused kernel's
   rule; DeepGEMM's split SM90 kernel rounds the intermediate's scale up to a power of two and
@@ -145,16 +146,19 @@ class SymmBuffer:
         self.num_ranks = size
         th = torch()
         offsets, staging = _staging_layout(num_max_tokens_per_rank, num_topk, hidden)
-        self.buffer = th.zeros(staging, dtype=th.int8, device="cuda")
+        self._staging_device = th.cuda.current_device()
+        self.buffer = th.zeros(staging, dtype=th.int8, device=f"cuda:{self._staging_device}")
         self.x, self.x_sf, self.topk_idx, self.topk_weights = _staging_views(
             self.buffer, offsets, num_max_tokens_per_rank, num_topk, hidden)
+        self._staging = tuple(t.data_ptr() for t in (self.x, self.x_sf, self.topk_idx,
+                                                     self.topk_weights))
         self.layer = None
         self._clamp = None
         self._weights = None  # the (address, version) of each weight tensor the layer holds
 
     def destroy(self):
         """Frees the staging tensors and the layer."""
-        self.layer = self._weights = None
+        self.layer = self._weights = self._staging = None
         self.buffer = self.x = self.x_sf = self.topk_idx = self.topk_weights = None
         self.group = None
 
@@ -178,12 +182,15 @@ class SymmBuffer:
             args = (self.num_experts, self.num_max_tokens_per_rank, self.num_topk, self.hidden,
                     self.intermediate_hidden, self._kind, self._gran, clamp)
             self.layer = None  # its memory first
-            self.layer = (MoELayer(1, *args) if self.group is None or self.num_ranks == 1
-                          else MoELayer.for_process_group(*args, process_group=self.group))
+            self.layer = (
+                MoELayer.of_rank(0, self._staging_device, lambda mine: [mine], 1, *args)
+                if self.num_ranks == 1
+                else MoELayer.for_process_group(*args, process_group=self.group))
             self._clamp = clamp
         self._weights = None
         self.layer.load_weights(w1, s1, w2, s2)
         self._weights = key
+        self._device = self.layer.device()
         return self.layer
 
 
@@ -275,8 +282,7 @@ def fp8_mega_moe(y, l1_weights, l2_weights, sym_buffer, cumulative_local_expert_
         raise ValueError(f"sym_buffer: expected a SymmBuffer, got {type(sym_buffer).__name__}")
     th = torch()
     layer = sym_buffer._layer_for(activation_clamp, l1_weights, l2_weights)
-    rank = layer.ranks[0]
-    device = layer.device(rank)
+    device = sym_buffer._device
     h, k = sym_buffer.hidden, sym_buffer.num_topk
     y_ptr = address("y", y, th.bfloat16, (None, h), device)
     tokens = y.shape[0]
@@ -287,12 +293,13 @@ def fp8_mega_moe(y, l1_weights, l2_weights, sym_buffer, cumulative_local_expert_
     local_experts = sym_buffer.num_experts // layer.num_ranks
     stats_ptr = None if stats is None else address(
         "cumulative_local_expert_recv_stats", stats, th.int32, (local_experts,), device)
-    staged = (tokens, sym_buffer.x.data_ptr(), sym_buffer.x_sf.data_ptr(),
-              sym_buffer.topk_idx.data_ptr(), True, sym_buffer.topk_weights.data_ptr(), y_ptr)
+    x, x_sf, topk_idx, topk_weights = sym_buffer._staging
+    staged = (tokens, x, x_sf, topk_idx, True, topk_weights, y_ptr)
     streams = [stream(device)]
     if layer.kind == "fused":
         layer._native.launch([staged + (stats_ptr,)], num_tokens_bound, streams)
         return
+    rank = layer.ranks[0]
     before = layer._native.expert_counts(rank) if stats is not None else None
     layer._native.forward([staged + (None,)], num_tokens_bound, streams)
     if stats is not None:

@@ -24,13 +24,13 @@ from ._dist import process_rank
 from ._tensors import address, stream, torch
 
 
-def scale_granularity_of(scale_granularity, group, stacklevel=3):
+def scale_granularity_of(scale_granularity, group):
     """``scale_granularity``, or the value of the keyword it replaces, ``group`` (kept for one
     release with a DeprecationWarning: a process group is what the name suggests)."""
     if group is None:
         return scale_granularity
     warnings.warn("group= is renamed scale_granularity= (columns per scale of the intermediate); "
-                  "group= goes away in the next release", DeprecationWarning, stacklevel=stacklevel)
+                  "group= goes away in the next release", DeprecationWarning, stacklevel=3)
     if scale_granularity is not None and scale_granularity != group:
         raise ValueError(f"group: {group} contradicts scale_granularity {scale_granularity} "
                          "(group is its deprecated name; pass scale_granularity alone)")
@@ -75,10 +75,21 @@ class MoELayer:
         memory is allocated or anything exchanged (``num_ranks`` is the group's size)."""
         gran = scale_granularity_of(scale_granularity, group)
         rank, size, all_gather, device = process_rank(process_group, "process_group")
+        return cls.of_rank(rank, device, all_gather, size, num_experts, num_max_tokens_per_rank,
+                           num_topk, hidden, intermediate_hidden, kind, gran, clamp)
+
+    @classmethod
+    def of_rank(cls, rank, device, all_gather, num_ranks, num_experts, num_max_tokens_per_rank,
+                num_topk, hidden, intermediate_hidden, kind="fused", scale_granularity=None,
+                clamp=None):
+        """Rank ``rank`` of a world of ``num_ranks`` processes on CUDA device ``device``, its
+        symmetric buffers' handles exchanged by ``all_gather(bytes) -> list[bytes]`` (called by
+        every process in the same order): :meth:`for_process_group` without torch.distributed
+        (a world of one process: ``all_gather=lambda mine: [mine]``)."""
         layer = cls.__new__(cls)
         layer._attach(_megamoe.Layer.for_rank(
-            rank, device, all_gather, size, num_experts, num_max_tokens_per_rank, num_topk,
-            hidden, intermediate_hidden, kind, gran, clamp))
+            rank, device, all_gather, num_ranks, num_experts, num_max_tokens_per_rank, num_topk,
+            hidden, intermediate_hidden, kind, scale_granularity, clamp))
         return layer
 
     def _attach(self, native):
@@ -91,7 +102,8 @@ class MoELayer:
     @property
     def group(self):
         """Deprecated name of :attr:`scale_granularity`."""
-        warnings.warn("MoELayer.group is renamed scale_granularity", DeprecationWarning, stacklevel=2)
+        warnings.warn("MoELayer.group is renamed scale_granularity", DeprecationWarning,
+                      stacklevel=2)
         return self.scale_granularity
 
     def device(self, rank=None):
@@ -181,7 +193,7 @@ class MoELayer:
         """Each local rank's device's current stream (the caller's), as driver handles."""
         return [stream(self.device(r)) for r in self.ranks]
 
-    def _rank_tensors(self, r, x, topk_idx, topk_weights, y=None, recv_stats=None):
+    def _rank_tensors(self, r, x, topk_idx, topk_weights, y=None):
         """Rank r's checked arguments as the native call takes them, and its y (``y`` checked,
         or a new one)."""
         th = torch()
@@ -206,7 +218,7 @@ class MoELayer:
             y = th.empty((tokens, h), dtype=th.bfloat16, device=f"cuda:{device}")
         y_ptr = address(f"y{at}", y, th.bfloat16, (tokens, h), device)
         is_64 = topk_idx.dtype == th.int64
-        return (tokens, x_ptr, scales_ptr, idx_ptr, is_64, w_ptr, y_ptr, recv_stats), y
+        return (tokens, x_ptr, scales_ptr, idx_ptr, is_64, w_ptr, y_ptr, None), y
 
 
 def get_symm_buffer_for_mega_moe(num_ranks, num_experts, num_max_tokens_per_rank, num_topk, hidden,

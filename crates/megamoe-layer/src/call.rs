@@ -1,6 +1,6 @@
 //! The per-rank inputs of one call, shared by both kinds: host slices or device tensors
 //! ([`Activations`], [`RankInput`], [`DeviceActivations`], [`DeviceRankTensors`]), and the host
-//! checks of a call ([`check_call`]) that run before anything is written.
+//! checks of a call (`check_call`) that run before anything is written.
 
 use std::ops::Range;
 

@@ -712,7 +712,7 @@ impl FusedLayer {
 
     /// Queues one call of every local rank after the caller's streams, with no host
     /// synchronization and no read of the tensors' values (a CUDA graph may capture it):
-    /// `tensors[i]` and `streams[i]` are local rank i's, as [`MoeLayer::forward_device`] takes
+    /// `tensors[i]` and `streams[i]` are local rank i's, as [`crate::MoeLayer::forward_device`] takes
     /// them; each rank's output is written to its `y` directly, and `streams[i]` waits for it.
     /// A layer of one local rank queues the work on `streams[0]` itself; ranks sharing a process
     /// run on their own streams (they wait on each other), joined to the callers' with an event
@@ -728,7 +728,7 @@ impl FusedLayer {
     /// (`recv_stats` counts on the device).
     ///
     /// # Safety
-    /// That of [`MoeLayer::forward_device`], and the addresses stay valid until the calls
+    /// That of [`crate::MoeLayer::forward_device`], and the addresses stay valid until the calls
     /// queued here have run (the caller's stream has passed them).
     pub unsafe fn launch_device(
         &mut self,

@@ -4,7 +4,7 @@
 //! reads the caller's `topk_idx` (i32 or i64) and `topk_weights`, writes the layer's i32 ids
 //! and weights, masks every slot of a token whose routing is bad (its output row is zero; no
 //! other token is touched) and records the first bad slot in host-mapped memory, which the host
-//! reads without waiting for the device ([`RouteFaults::take`]).
+//! reads without waiting for the device.
 
 use std::sync::Arc;
 

@@ -1,6 +1,6 @@
 #!/bin/bash
 # GPU session of the serving path on one H200: the fused layer's selftest (its output hashes
-# compared with docs/perf/selftest-h200-v9-fused.txt: the routing check and the per-expert
+# compared with docs/perf/selftest-h200-v9-fused.txt: the staging kernel and the per-expert
 # statistics must not move a bit), the GPU tests of the layer (python/tests/test_gpu_layer*.py:
 # DeepGEMM's call sequence through megamoe.deep_gemm at world size 1 and with one process per
 # rank, CUDA graph replays bit-equal to eager calls, the values the device checks, and the

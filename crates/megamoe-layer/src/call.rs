@@ -61,6 +61,11 @@ impl DeviceActivations {
         self.tokens
     }
 
+    /// The addresses of e4m3 rows and their scales; None for bf16 rows.
+    pub(crate) fn fp8(&self) -> Option<(u64, u64)> {
+        self.scales.map(|s| (self.x, s))
+    }
+
     /// Copies the rows into the first of `places` (bf16) or the rows and scales into the other
     /// two (e4m3), each a buffer of `gpu` and a byte offset, of `hidden` columns; returns
     /// whether the rows were bf16 (the quantizer must then run first).
@@ -74,9 +79,6 @@ impl DeviceActivations {
         let t = self.tokens;
         let copy = |(buf, offset): (&DeviceBuffer, usize), src, bytes| -> Result<()> {
             let dst = buf.ptr_at(offset, bytes)?;
-            if dst == src {
-                return Ok(()); // staged in place (the layer's own staging tensors)
-            }
             // SAFETY: the contract of `new` on `src`; the destination lies inside the buffer.
             unsafe { gpu.copy_raw(dst, src, bytes)? };
             Ok(())

@@ -11,10 +11,10 @@
 //! see `y`, and the caller may reuse its input tensors at once.
 //!
 //! [`MoeLayer::launch_device`] (the fused kind): the same call with no host synchronization and
-//! no read of the values, which the device checks instead (src/route_check.rs); the work is
-//! queued after the caller's stream and the caller's stream after it (one event each way), so
-//! a CUDA graph captured on the caller's stream records it. [`MoeLayer::check`] waits and
-//! reports what the device found.
+//! no read of the values, which the device checks instead (src/stage.rs); the work is queued
+//! on the caller's stream itself (a layer of one local rank), or after it and the caller's stream
+//! after it (one event each way), so a CUDA graph captured on the caller's stream records it.
+//! [`MoeLayer::check`] waits and reports what the device found.
 
 use megamoe_core::Error;
 

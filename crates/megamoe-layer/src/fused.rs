@@ -42,8 +42,8 @@ use crate::kernel::{
     FUSED_SLOW_PEER, FUSED_STOP_AFTER_ROUTING, FUSED_STOP_MID_COMBINE, FUSED_STOP_MID_TASKS,
     FUSED_THREADS,
 };
-use crate::route_check::{RouteCheckParams, RouteChecker};
 use crate::spec::{LayerSpec, POOL_PAD};
+use crate::stage::{StageParams, Stager};
 use crate::weights;
 
 /// The names of the fused kernel's own waits (`FusedWait` in
@@ -111,8 +111,8 @@ struct FusedRank {
     quantizer: Quantizer,
     /// The traced kernel's timeline (impls/fused_trace.cuh), when the layer records one.
     trace: Option<DeviceBuffer>,
-    /// The device check of calls the host does not read ([`FusedLayer::launch_device`]).
-    route: RouteChecker,
+    /// The staging of calls the host does not read ([`FusedLayer::launch_device`]).
+    stage: Stager,
 }
 
 /// How a fused layer is built beyond its spec.
@@ -493,7 +493,7 @@ impl FusedLayer {
                 },
             };
             ranks.push(FusedRank {
-                route: RouteChecker::new(&gpu)?,
+                stage: Stager::new(&gpu)?,
                 quantizer: Quantizer::new(&gpu)?,
                 x_bf16: gpu.alloc(spec.max_tokens * h * 2)?,
                 kernel,
@@ -779,30 +779,38 @@ impl FusedLayer {
                     &rank.gpu
                 }
             };
-            let buf = self.buffers.local(r);
-            let places = [(&rank.x_bf16, 0), (buf, x as usize), (buf, xs as usize)];
-            if t.x.copy_into(gpu, places, h)? {
+            let (buf, base) = (self.buffers.local(r), self.buffers.ptr(r));
+            let tokens = t.x.tokens();
+            // e4m3 rows are copied by the staging kernel; bf16 rows are quantized into place.
+            let (rows, scales) = t.x.fp8().unwrap_or((0, 0));
+            if rows == 0 {
+                let places = [(&rank.x_bf16, 0), (buf, x as usize), (buf, xs as usize)];
+                t.x.copy_into(gpu, places, h)?;
                 let (x, xs) = ((buf, x as usize), (buf, xs as usize));
                 rank.quantizer
-                    .launch_at(gpu, &rank.x_bf16, x, xs, t.x.tokens(), h)?;
+                    .launch_at(gpu, &rank.x_bf16, x, xs, tokens, h)?;
             }
-            if t.x.tokens() > 0 {
-                let base = self.buffers.ptr(r);
-                let check = RouteCheckParams {
+            if tokens > 0 {
+                let stage = StageParams {
                     topk_idx: t.topk_idx,
                     topk_weights: t.topk_weights,
                     out_idx: base + ids,
                     out_weights: base + weights,
                     fault: 0,
-                    tokens: t.x.tokens() as i32,
+                    x: rows,
+                    x_scales: scales,
+                    out_x: base + x,
+                    out_x_scales: base + xs,
+                    x_bytes: if rows == 0 { 0 } else { (tokens * h) as u64 },
+                    tokens: tokens as i32,
                     topk: k as i32,
                     experts: s.shape.experts as i32,
                     idx64: (t.topk_idx_type == IndexType::I64) as i32,
                 };
-                rank.route.launch(gpu, check)?;
+                rank.stage.launch(gpu, stage)?;
             }
             let mut p = rank.params;
-            p.r.tokens = t.x.tokens() as i32;
+            p.r.tokens = tokens as i32;
             p.r.bound = bound as i32;
             p.r.lag_units = lag_units as i32;
             p.r.ring_slots = ring_slots as i32;
@@ -821,7 +829,7 @@ impl FusedLayer {
     fn take_route_faults(&self) -> Result<()> {
         let mut first = None;
         for (r, rank) in self.local_ranks().zip(&self.ranks) {
-            if let Some(fault) = rank.route.take() {
+            if let Some(fault) = rank.stage.take() {
                 first.get_or_insert((r, fault));
             }
         }

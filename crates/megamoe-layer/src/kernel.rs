@@ -24,8 +24,8 @@ pub const HEADERS: Headers = megamoe_cuda::header_set!(
         "megamoe_layer/impls/fused.cuh",
         "megamoe_layer/impls/fused_params.cuh",
         "megamoe_layer/impls/fused_trace.cuh",
-        "megamoe_layer/impls/route_check.cuh",
         "megamoe_layer/impls/split_l1.cuh",
+        "megamoe_layer/impls/stage.cuh",
         "megamoe_layer/scheduler/task_queue.cuh",
         "megamoe_layer/scheduler/task_stream.cuh",
     ]
@@ -301,7 +301,7 @@ pub fn kernel_specs() -> Vec<KernelSpec> {
         fused_spec(64, false),
         fused_spec(128, true),
         fused_spec(64, true),
-        crate::route_check::route_check_spec(),
+        crate::stage::stage_spec(),
     ]
 }
 

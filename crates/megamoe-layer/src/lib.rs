@@ -35,10 +35,10 @@ pub mod fused;
 pub mod inputs;
 pub mod kernel;
 pub mod layer;
-pub mod route_check;
 pub mod selftest;
 pub mod spec;
 pub mod split;
+pub mod stage;
 pub mod weights;
 
 pub use call::{Activations, DeviceActivations, DeviceRankTensors, IndexType, RankInput};

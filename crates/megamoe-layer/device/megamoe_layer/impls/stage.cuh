@@ -1,18 +1,19 @@
-// The routing check of a call launched without host synchronization (src/route_check.rs): one
-// block, before the fused kernel on the rank's stream, reads the caller's topk_idx (i32 or i64)
-// and topk_weights, and writes the layer's i32 ids and weights (the fused kernel's inputs). A
-// token with an expert id outside [-1, E), an expert twice, or a routed slot whose weight is not
-// finite gets every slot masked (-1, weight 0): its output row is zero, and no other token sees
-// it. The first such slot (lowest token, then slot) is recorded in host-mapped memory for the
-// host to report, unless an earlier record is still pending there. Mirrored by
-// `RouteCheckParams` and `RouteFault` in src/route_check.rs.
+// The staging kernel of a call launched without host synchronization (src/stage.rs), before the
+// fused kernel on the rank's stream. Block 0 reads the caller's topk_idx (i32 or i64) and
+// topk_weights and writes the layer's i32 ids and weights (the fused kernel's inputs): a token with
+// an expert id outside [-1, E), an expert twice, or a routed slot whose weight is not finite gets
+// every slot masked (-1, weight 0), so its output row is zero and no other token sees it; the first
+// such slot (lowest token, then slot) is recorded in host-mapped memory for the host to report,
+// unless an earlier record is still pending there. The other blocks copy the caller's e4m3 rows
+// and scales into the rank's symmetric input region (one launch instead of two copies). Mirrored
+// by `StageParams` and `RouteFault` in src/stage.rs.
 #pragma once
 #include <megamoe/common.cuh>
 #include <megamoe/ptx/sync.cuh>
 
 namespace megamoe::layer {
 
-constexpr u32 kRouteCheckThreads = 1024;
+constexpr u32 kStageThreads = 1024;
 
 // What the host reads: `code` last, after the rest is visible (the host reads it first).
 struct RouteFault {
@@ -24,21 +25,24 @@ struct RouteFault {
 
 enum RouteFaultCode : u32 { kExpertOutOfRange = 1, kExpertTwice = 2, kWeightNotFinite = 3 };
 
-struct RouteCheckParams {
+struct StageParams {
     u64 topk_idx;      // the caller's [T, K], i64 when idx64 else i32
     u64 topk_weights;  // the caller's f32 [T, K]
     u64 out_idx;       // the layer's i32 [T, K]
     u64 out_weights;   // the layer's f32 [T, K]
     u64 fault;         // RouteFault, host-mapped (its device address)
+    u64 x, x_scales;          // the caller's e4m3 rows [T, H] and f32 scales [T, H/128], or 0
+    u64 out_x, out_x_scales;  // the symmetric input region's
+    u64 x_bytes;              // T · H (a multiple of 16)
     i32 tokens, topk, experts, idx64;
 };
 
 MEGAMOE_PARAMS_LAYOUT(RouteFault, 24, 8);
-MEGAMOE_PARAMS_LAYOUT(RouteCheckParams, 56, 8);
+MEGAMOE_PARAMS_LAYOUT(StageParams, 96, 8);
 
 // The caller's routing of one call, read as the kernel needs it.
 struct CallerRouting {
-    const RouteCheckParams& p;
+    const StageParams& p;
     __device__ __forceinline__ i64 id(u64 i) const {
         return p.idx64 ? reinterpret_cast<const i64*>(p.topk_idx)[i] : i64(reinterpret_cast<const i32*>(p.topk_idx)[i]);
     }
@@ -59,12 +63,9 @@ struct CallerRouting {
     }
 };
 
-__device__ void route_check(const RouteCheckParams& p) {
+__device__ void check_routing(const StageParams& p) {
     __shared__ unsigned long long s_first;  // (token << 32 | slot << 16 | earlier << 8 | code), lowest wins
     __shared__ i64 s_value;
-    // The previous kernel on the stream (the last call's fused kernel reads the ids it wrote in
-    // its combine) must be done before any write.
-    ptx::grid_dependency_wait();
     if (threadIdx.x == 0) s_first = ~0ull;
     __syncthreads();
     const CallerRouting in{p};
@@ -101,6 +102,29 @@ __device__ void route_check(const RouteCheckParams& p) {
             __threadfence_system();
             f->code = u32(s_first & 0xff);
         }
+    }
+}
+
+// Blocks 1.. copy `bytes` (a multiple of 16) from `src` to `dst`, then the scales (4-byte words).
+__device__ void copy_rows(const StageParams& p) {
+    const u64 thread = u64(blockIdx.x - 1) * blockDim.x + threadIdx.x;
+    const u64 threads = u64(gridDim.x - 1) * blockDim.x;
+    const uint4* src = reinterpret_cast<const uint4*>(p.x);
+    uint4* dst = reinterpret_cast<uint4*>(p.out_x);
+    for (u64 i = thread; i < p.x_bytes / 16; i += threads) dst[i] = src[i];
+    const u32* ssrc = reinterpret_cast<const u32*>(p.x_scales);
+    u32* sdst = reinterpret_cast<u32*>(p.out_x_scales);
+    for (u64 i = thread; i < p.x_bytes / 128; i += threads) sdst[i] = ssrc[i];
+}
+
+__device__ void stage_call(const StageParams& p) {
+    // The previous kernel on the stream (the last call's fused kernel: peers read the input
+    // region, its combine the ids) must be done before any write.
+    ptx::grid_dependency_wait();
+    if (blockIdx.x == 0) {
+        check_routing(p);
+    } else {
+        copy_rows(p);
     }
 }
 

@@ -1,10 +1,10 @@
-//! The device check of a call's routing, for calls the host launches without reading their
-//! values (`MoeLayer::launch_device`, src/device_io.rs): a one-block kernel
-//! (device/megamoe_layer/impls/route_check.cuh) before the fused kernel on the rank's stream
-//! reads the caller's `topk_idx` (i32 or i64) and `topk_weights`, writes the layer's i32 ids
-//! and weights, masks every slot of a token whose routing is bad (its output row is zero; no
-//! other token is touched) and records the first bad slot in host-mapped memory, which the host
-//! reads without waiting for the device.
+//! The staging kernel of a call the host launches without reading its values
+//! (`MoeLayer::launch_device`, src/device_io.rs; device/megamoe_layer/impls/stage.cuh), before
+//! the fused kernel on the rank's stream: its first block reads the caller's `topk_idx` (i32 or
+//! i64) and `topk_weights`, writes the layer's i32 ids and weights, masks every slot of a token
+//! whose routing is bad (its output row is zero; no other token is touched) and records the first
+//! bad slot in host-mapped memory, which the host reads without waiting for the device; its other
+//! blocks copy the caller's e4m3 rows and scales into the rank's symmetric input region.
 
 use std::sync::Arc;
 
@@ -13,15 +13,23 @@ use megamoe_cuda::{jit, Gpu, Kernel, KernelSpec, LaunchConfig, Pod};
 
 use crate::error::Result;
 
-/// Device: `RouteCheckParams`.
+/// Device: `StageParams`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct RouteCheckParams {
+pub struct StageParams {
     pub topk_idx: u64,
     pub topk_weights: u64,
     pub out_idx: u64,
     pub out_weights: u64,
     pub fault: u64,
+    /// The caller's e4m3 rows and scales, or 0 (rows already in place, or bf16 rows the
+    /// quantizer writes there).
+    pub x: u64,
+    pub x_scales: u64,
+    pub out_x: u64,
+    pub out_x_scales: u64,
+    /// T · H, the rows' bytes (0: no copy).
+    pub x_bytes: u64,
     pub tokens: i32,
     pub topk: i32,
     pub experts: i32,
@@ -43,12 +51,12 @@ pub struct RouteFault {
     pub value: i64,
 }
 
-const _: () = assert!(std::mem::size_of::<RouteCheckParams>() == 56);
+const _: () = assert!(std::mem::size_of::<StageParams>() == 96);
 const _: () = assert!(std::mem::size_of::<RouteFault>() == 24);
-// SAFETY: integers only, layout asserted here and in route_check.cuh.
-unsafe impl Pod for RouteCheckParams {}
+// SAFETY: integers only, layout asserted here and in stage.cuh.
+unsafe impl Pod for StageParams {}
 
-pub const ROUTE_CHECK_THREADS: u32 = 1024;
+pub const STAGE_THREADS: u32 = 1024;
 
 impl RouteFault {
     /// The fault as the error of the argument it names (the layer's `topk_idx` or
@@ -82,13 +90,13 @@ impl RouteFault {
     }
 }
 
-pub fn route_check_spec() -> KernelSpec {
-    let name = "layer_route_check".to_string();
+pub fn stage_spec() -> KernelSpec {
+    let name = "layer_stage".to_string();
     let source = format!(
-        "#include <megamoe_layer/impls/route_check.cuh>\n\
-         extern \"C\" __global__ void __launch_bounds__({ROUTE_CHECK_THREADS}, 1)\n\
-         {name}(const __grid_constant__ megamoe::layer::RouteCheckParams p) {{\n\
-         \x20   megamoe::layer::route_check(p);\n\
+        "#include <megamoe_layer/impls/stage.cuh>\n\
+         extern \"C\" __global__ void __launch_bounds__({STAGE_THREADS}, 1)\n\
+         {name}(const __grid_constant__ megamoe::layer::StageParams p) {{\n\
+         \x20   megamoe::layer::stage_call(p);\n\
          }}\n",
     );
     KernelSpec {
@@ -100,26 +108,32 @@ pub fn route_check_spec() -> KernelSpec {
     }
 }
 
-/// The routing check of one rank: its kernel and its fault record.
-pub(crate) struct RouteChecker {
+/// The staging of one rank: its kernel and its fault record.
+pub(crate) struct Stager {
     kernel: Arc<Kernel>,
     faults: RouteFaults,
 }
 
-impl RouteChecker {
-    pub(crate) fn new(gpu: &Gpu) -> Result<RouteChecker> {
-        let compiled = jit::compile(&route_check_spec())?;
-        Ok(RouteChecker {
+impl Stager {
+    pub(crate) fn new(gpu: &Gpu) -> Result<Stager> {
+        let compiled = jit::compile(&stage_spec())?;
+        Ok(Stager {
             kernel: Arc::new(gpu.load(&compiled)?),
             faults: RouteFaults::new(gpu)?,
         })
     }
 
-    /// Queues the check of `p` (its `fault` filled here) on `gpu`'s stream, as a programmatic
-    /// dependent launch (it waits for the kernel before it before touching memory).
-    pub(crate) fn launch(&self, gpu: &Gpu, mut p: RouteCheckParams) -> Result<()> {
+    /// Queues the staging of `p` (its `fault` filled here) on `gpu`'s stream, as a programmatic
+    /// dependent launch (it waits for the kernel before it before touching memory): one block
+    /// for the routing, and up to one per SM for the rows.
+    pub(crate) fn launch(&self, gpu: &Gpu, mut p: StageParams) -> Result<()> {
         p.fault = self.faults.device;
-        let config = LaunchConfig::new(1, ROUTE_CHECK_THREADS).with_pdl(true);
+        let per_block = STAGE_THREADS as u64 * 16;
+        let copiers = p
+            .x_bytes
+            .div_ceil(per_block)
+            .min(gpu.props().sm_count as u64);
+        let config = LaunchConfig::new(1 + copiers as u32, STAGE_THREADS).with_pdl(true);
         Ok(gpu.launch(&self.kernel, &config, &p)?)
     }
 

@@ -45,7 +45,7 @@ import warnings
 
 from . import _megamoe
 from ._tensors import address, stream, torch
-from .layer import MoELayer
+from .layer import MoELayer, refuse_capture
 
 # Rows of the layer's ring slots: capacities are rounded up to it, as DeepGEMM rounds them to its
 # block sizes (the staging tensors then have DeepGEMM's shapes).
@@ -299,6 +299,7 @@ def fp8_mega_moe(y, l1_weights, l2_weights, sym_buffer, cumulative_local_expert_
     if layer.kind == "fused":
         layer._native.launch([staged + (stats_ptr,)], num_tokens_bound, streams)
         return
+    refuse_capture("sym_buffer", "a buffer of fused=True queues its calls")
     rank = layer.ranks[0]
     before = layer._native.expert_counts(rank) if stats is not None else None
     layer._native.forward([staged + (None,)], num_tokens_bound, streams)

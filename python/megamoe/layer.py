@@ -37,6 +37,14 @@ def scale_granularity_of(scale_granularity, group):
     return group
 
 
+def refuse_capture(arg, remedy):
+    """A call that reads values back to the host cannot be captured in a CUDA graph: a
+    RuntimeError naming ``arg`` and the ``remedy`` when the current stream is capturing."""
+    if torch().cuda.is_current_stream_capturing():
+        raise RuntimeError(f"{arg}: this call reads the routing back to the host, which a CUDA "
+                           f"graph cannot capture; {remedy}")
+
+
 class MoELayer:
     """The layer of ``num_ranks`` ranks (real or virtual: rank r runs on CUDA device r modulo the
     visible devices) for tokens of ``hidden`` columns routed to ``num_topk`` of ``num_experts``
@@ -177,6 +185,8 @@ class MoELayer:
         if y is not None and self.kind == "fused":
             self._native.launch(tensors, num_tokens_bound, self._current_streams())
         else:
+            refuse_capture(*(("y", "pass y") if self.kind == "fused" else
+                             ("kind", "the fused kind given y queues its calls")))
             self._native.forward(tensors, num_tokens_bound, self._current_streams())
         ys = [out for _, out in calls]
         return ys[0] if single else ys

@@ -247,4 +247,8 @@ def test_host_checks_stay_before_the_launch(graph_layer):
         layer.forward(x, idx, w, y=y.float())
     with pytest.raises(ValueError, match="topk_idx: dtype"):
         layer.forward(x, idx.short(), w, y=y)
+    # A call that reads the routing back cannot be captured: said before it is made.
+    with pytest.raises(RuntimeError, match="y: this call reads the routing back"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            layer.forward(x, idx, w)
     layer.check()

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Times torch._scaled_grouped_mm (rowwise FP8) on the cases `megamoe bench gemm --json-out`
+"""Times torch._scaled_grouped_mm (rowwise FP8) on the cases `megamoe bench gemm --json`
 measured (same N, K and per-expert group sizes) and prints both side by side with the floor.
 
 usage: bench_gemm_torch.py RESULTS.jsonl
@@ -63,9 +63,9 @@ def main():
     print("| shape | layout | rows/expert | megamoe µs | TFLOP/s | floor µs | ×floor | DeepGEMM µs | torch µs | torch TFLOP/s | megamoe / torch |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for c, t, tf in rows:
-        print(f"| {c['shape']} | {c['layout']} {c.get('pad') or ''} | {c['rows_per_expert']} | {c['us']:.1f} | {c['tflops']:.0f} | "
-              f"{c['floor_us']:.1f} | {c['us'] / c['floor_us']:.2f} | {c['deepgemm_us']} | {t:.1f} | {tf:.0f} | "
-              f"{c['us'] / t:.2f} |")
+        print(f"| {c['shape']} | {c['layout']} {c.get('pad') or ''} | {c['rows_per_expert']} | {c['median_us']:.1f} | {c['tflops']:.0f} | "
+              f"{c['floor_us']:.1f} | {c['median_us'] / c['floor_us']:.2f} | {c['deepgemm_us']} | {t:.1f} | {tf:.0f} | "
+              f"{c['median_us'] / t:.2f} |")
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ bench() {
     return
   fi
   from=$(($(wc -l < "$out/clocks.csv" 2>/dev/null || echo 0) + 1))
-  timeout "$t" "$bin" bench gemm "$@" "${arm[@]}" --json-out "$out/results.jsonl" 2>&1 \
+  timeout "$t" "$bin" bench gemm "$@" "${arm[@]}" --json "$out/results.jsonl" 2>&1 \
     | grep -E '^\| L|rror' | tee -a "$out/bench.txt"
   echo "bench gemm $* ${arm[*]} (timeout $t s): exit ${PIPESTATUS[0]}, at $((SECONDS - start)) s"
   clock_summary "$from"
@@ -114,8 +114,8 @@ first = {}
 for r in rows:
     case = (r["shape"], r["rows_per_expert"], r["layout"], r.get("flush_l2"))
     base = first.setdefault(case, r)
-    rel = "" if base is r else f"{100 * (r['us'] / base['us'] - 1):+.1f} %"
-    print(f"| {r['shape']} | {r['rows_per_expert']} | {'yes' if r.get('flush_l2') else 'no'} | {arm(r)} | {r['us']:.1f} | {r['tflops']:.0f} | {r['us'] / r['floor_us']:.2f} | {rel} | {r['deepgemm_us']} |")
+    rel = "" if base is r else f"{100 * (r['median_us'] / base['median_us'] - 1):+.1f} %"
+    print(f"| {r['shape']} | {r['rows_per_expert']} | {'yes' if r.get('flush_l2') else 'no'} | {arm(r)} | {r['median_us']:.1f} | {r['tflops']:.0f} | {r['median_us'] / r['floor_us']:.2f} | {rel} | {r['deepgemm_us']} |")
 print(f"\nsession: {len(rows)} timed rows")
 PY
 echo "total $((SECONDS - start)) s"

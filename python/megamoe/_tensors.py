@@ -3,11 +3,14 @@ CUDA device, contiguity and alignment, each failure a ValueError naming the argu
 
 
 def torch():
-    """The torch module, imported when a GPU call needs it (the package imports without it)."""
+    """The torch module, imported when a GPU call needs it (the package imports without it).
+    Without PyTorch: an ImportError that says so, wherever torch is needed."""
     try:
         import torch
     except ImportError as e:
-        raise RuntimeError("megamoe's GPU calls take torch tensors: PyTorch is not installed") from e
+        raise ImportError(
+            "megamoe's GPU calls, MoELayer and megamoe.ep take torch tensors: PyTorch is not "
+            f"installed ({e})", name="torch") from e
     return torch
 
 

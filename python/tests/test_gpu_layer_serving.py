@@ -223,7 +223,7 @@ def test_a_bad_value_is_reported_by_the_device_and_harms_no_other_token(graph_la
     others = torch.arange(64, device="cuda") != 5
     assert same_bits(y[others], clean[others]), f"{bad}: another token's row changed"
     assert torch.count_nonzero(y[5]) == 0, f"{bad}: the bad token's row is not zero"
-    with pytest.raises(ValueError, match=rf"rank 0: `{arg}`"):
+    with pytest.raises(ValueError, match=rf"^{arg}: rank 0: `{arg}`"):
         if report == "check":
             layer.check()
         else:

@@ -9,6 +9,7 @@ pub mod batch;
 pub mod diff;
 pub mod error;
 pub mod floor;
+pub mod limits;
 pub mod numerics;
 pub mod permute;
 pub mod plan;

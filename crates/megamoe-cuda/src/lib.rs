@@ -54,8 +54,9 @@
 //!   [`selftest`]: the GPU checks `megamoe selftest` runs.
 //!
 //! # Finding CUDA
-//! See [`probe`]: `MEGAMOE_NVRTC_LIB`, `MEGAMOE_CUDA_HOME`, the system paths, then the
-//! project-local `.toolchain/` that `scripts/install-cuda-toolchain.sh` fills from PyPI.
+//! See [`probe`]: `MEGAMOE_NVRTC_LIB`, `MEGAMOE_CUDA_HOME`, the system loader, the Python
+//! environment's NVIDIA pip packages, a system toolkit, then the project-local `.toolchain/`
+//! that `scripts/install-cuda-toolchain.sh` fills from PyPI.
 
 pub mod bench;
 pub mod device;

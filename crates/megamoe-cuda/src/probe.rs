@@ -5,14 +5,27 @@
 //! it looked. A library found by path is kept loaded for the life of the process; the dynamic
 //! loader then hands the same object to cudarc when cudarc asks for it by its soname.
 //!
-//! Search order, first hit wins:
-//! - NVRTC: `$MEGAMOE_NVRTC_LIB` (the library or its folder), `$MEGAMOE_CUDA_HOME/{lib64,lib}`, the system loader
-//!   path (`LD_LIBRARY_PATH`, ld.so.cache), `/usr/local/cuda/lib64`, then the project-local
-//!   toolchain that `scripts/install-cuda-toolchain.sh` installs (`$MEGAMOE_TOOLCHAIN_DIR`, or a
-//!   `.toolchain/` folder above the working directory, the executable or this crate's source).
+//! Search order, first hit wins (nothing depends on where the binary was built):
+//! - NVRTC (CUDA 13, `libnvrtc.so.13`):
+//!   1. `$MEGAMOE_NVRTC_LIB` (the library or its folder);
+//!   2. `$MEGAMOE_CUDA_HOME/{lib64,lib}`;
+//!   3. the system loader by soname: `LD_LIBRARY_PATH`, ld.so.cache, or a copy this process has
+//!      already loaded (e.g. by PyTorch);
+//!   4. NVIDIA's pip packages of the Python environment (the `nvidia` package folders the
+//!      Python package reports through [`set_nvidia_package_roots`]): `nvidia/cu13/lib` (CUDA 13
+//!      wheels such as PyTorch's cu130 dependencies), then `nvidia/cuda_nvrtc/lib`;
+//!   5. a system toolkit: `/usr/local/cuda/lib64`, `/usr/local/cuda-13.0/lib64`,
+//!      `/usr/local/cuda/targets/x86_64-linux/lib`;
+//!   6. the project-local toolchain that `scripts/install-cuda-toolchain.sh` installs
+//!      (`$MEGAMOE_TOOLCHAIN_DIR`, or a `.toolchain/` folder above the working directory or the
+//!      executable).
 //! - libcuda (the driver): `$MEGAMOE_LIBCUDA` (a file), the system loader path, the usual driver
 //!   folders.
-//! - libnccl: `$MEGAMOE_NCCL_LIB` (a file), the system loader path, `/usr/lib/x86_64-linux-gnu`.
+//! - libnccl: `$MEGAMOE_NCCL_LIB` (a file), the system loader path, `nvidia/nccl/lib` of the
+//!   Python environment's NVIDIA packages, `/usr/lib/x86_64-linux-gnu`.
+//!
+//! The kernels include no CUDA header (their headers are compiled in), so none is needed at run
+//! time; [`cuda_include_dir`] only adds one to NVRTC's include path when present.
 
 use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
@@ -54,12 +67,38 @@ fn try_load(candidates: &[String]) -> Option<Loaded> {
     candidates.iter().find_map(|c| {
         // SAFETY: loading a CUDA library runs its initialisers, which have no preconditions.
         let lib = unsafe { libloading::Library::new(c) }.ok()?;
+        let path = mapped_path(c);
         Some(Loaded {
-            path: c.clone(),
+            _companions: companions(Path::new(&path)),
+            path,
             lib,
-            _companions: companions(Path::new(c)),
         })
     })
+}
+
+/// The file the loader mapped for `name`, so that a library the system loader found by its
+/// soname is reported by its path: the first file in `/proc/self/maps` whose name starts like
+/// the soname's up to `.so` (`libcuda.so.1` is the file `libcuda.so.580.95.05`). `name` itself
+/// when it is a path or the map does not say.
+fn mapped_path(name: &str) -> String {
+    let stem = match name.find(".so") {
+        Some(i) if !name.contains('/') => &name[..i + 3],
+        _ => return name.to_string(),
+    };
+    std::fs::read_to_string("/proc/self/maps")
+        .ok()
+        .and_then(|maps| {
+            maps.lines()
+                .filter_map(|line| line.split_whitespace().nth(5))
+                .find(|p| {
+                    Path::new(p)
+                        .file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with(stem))
+                })
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| name.to_string())
 }
 
 /// NVRTC opens `libnvrtc-builtins.so.<major>.<minor>` by soname when it compiles; outside the
@@ -91,18 +130,14 @@ fn env_path(var: &str) -> Option<PathBuf> {
         .map(PathBuf::from)
 }
 
-/// Folders named `.toolchain/nvidia/cu13` above the working directory, the executable and this
-/// crate's source, after `$MEGAMOE_TOOLCHAIN_DIR`.
+/// Folders named `.toolchain/nvidia/cu13` above the working directory and the executable, after
+/// `$MEGAMOE_TOOLCHAIN_DIR`.
 pub fn toolchain_roots() -> Vec<PathBuf> {
     let mut roots = Vec::new();
     if let Some(dir) = env_path("MEGAMOE_TOOLCHAIN_DIR") {
         roots.push(dir.join("nvidia/cu13"));
     }
-    let starts = [
-        std::env::current_dir().ok(),
-        std::env::current_exe().ok(),
-        Some(PathBuf::from(env!("CARGO_MANIFEST_DIR"))),
-    ];
+    let starts = [std::env::current_dir().ok(), std::env::current_exe().ok()];
     for start in starts.into_iter().flatten() {
         for dir in start.ancestors() {
             let root = dir.join(".toolchain/nvidia/cu13");
@@ -114,7 +149,37 @@ pub fn toolchain_roots() -> Vec<PathBuf> {
     roots
 }
 
+/// The `nvidia` package folders of a Python environment (where NVIDIA's pip packages put their
+/// libraries), as the Python package reports them at import.
+static NVIDIA_PACKAGE_ROOTS: OnceLock<Vec<PathBuf>> = OnceLock::new();
+
+/// Adds the `nvidia` package folders of the Python environment to the search (step 4 of the
+/// NVRTC order above, and NCCL's). Returns false, changing nothing, when they were set already
+/// or a library was probed before: the search runs once per process.
+pub fn set_nvidia_package_roots(roots: Vec<PathBuf>) -> bool {
+    if NVRTC.get().is_some() || NCCL.get().is_some() {
+        return false;
+    }
+    NVIDIA_PACKAGE_ROOTS.set(roots).is_ok()
+}
+
+fn nvidia_package_roots() -> &'static [PathBuf] {
+    NVIDIA_PACKAGE_ROOTS.get().map_or(&[], Vec::as_slice)
+}
+
+/// `sub` (e.g. `cu13/lib`) under each `nvidia` package folder, in the order they were given.
+fn package_dirs(roots: &[PathBuf], subs: &[&str]) -> Vec<PathBuf> {
+    roots
+        .iter()
+        .flat_map(|root| subs.iter().map(move |sub| root.join(sub)))
+        .collect()
+}
+
 fn nvrtc_candidates() -> Vec<String> {
+    nvrtc_candidates_with(nvidia_package_roots())
+}
+
+fn nvrtc_candidates_with(package_roots: &[PathBuf]) -> Vec<String> {
     const NAMES: [&str; 2] = ["libnvrtc.so.13", "libnvrtc.so"];
     let mut dirs: Vec<PathBuf> = Vec::new();
     let mut out: Vec<String> = Vec::new();
@@ -138,11 +203,12 @@ fn nvrtc_candidates() -> Vec<String> {
     };
     in_dirs(&dirs, &mut out);
     out.extend(NAMES.iter().map(|n| n.to_string()));
-    dirs = vec![
+    dirs = package_dirs(package_roots, &["cu13/lib", "cuda_nvrtc/lib"]);
+    dirs.extend([
         PathBuf::from("/usr/local/cuda/lib64"),
         PathBuf::from("/usr/local/cuda-13.0/lib64"),
         PathBuf::from("/usr/local/cuda/targets/x86_64-linux/lib"),
-    ];
+    ]);
     dirs.extend(toolchain_roots().into_iter().map(|r| r.join("lib")));
     in_dirs(&dirs, &mut out);
     out
@@ -171,11 +237,18 @@ fn nccl_candidates() -> Vec<String> {
         out.push(file.display().to_string());
     }
     out.extend(["libnccl.so.2".into(), "libnccl.so".into()]);
+    for dir in package_dirs(nvidia_package_roots(), &["nccl/lib"]) {
+        out.push(dir.join("libnccl.so.2").display().to_string());
+    }
     out.push("/usr/lib/x86_64-linux-gnu/libnccl.so.2".into());
     out
 }
 
 type Probe = Result<Loaded, String>;
+
+/// The outcome of the NVRTC and NCCL searches, once per process.
+static NVRTC: OnceLock<Probe> = OnceLock::new();
+static NCCL: OnceLock<Probe> = OnceLock::new();
 
 fn probe(cell: &'static OnceLock<Probe>, candidates: fn() -> Vec<String>) -> &'static Probe {
     cell.get_or_init(|| {
@@ -208,20 +281,20 @@ pub fn libcuda() -> Result<&'static Loaded> {
 
 /// The NVRTC library that compiles every kernel.
 pub fn nvrtc() -> Result<&'static Loaded> {
-    static CELL: OnceLock<Probe> = OnceLock::new();
     found(
-        probe(&CELL, nvrtc_candidates),
+        probe(&NVRTC, nvrtc_candidates),
         "libnvrtc (CUDA 13 NVRTC)",
-        "Run scripts/install-cuda-toolchain.sh (installs NVRTC from PyPI into .toolchain/), \
-         or set MEGAMOE_CUDA_HOME to a CUDA toolkit folder, or MEGAMOE_NVRTC_LIB to libnvrtc.so.13.",
+        "Install a CUDA 13 toolkit, or the nvidia-cuda-nvrtc 13 pip package (PyPI; PyTorch's \
+         CUDA 13 builds bring it) in the Python environment that imports megamoe, or set \
+         MEGAMOE_CUDA_HOME to a CUDA toolkit folder or MEGAMOE_NVRTC_LIB to libnvrtc.so.13; \
+         in the source tree, scripts/install-cuda-toolchain.sh installs it into .toolchain/.",
     )
 }
 
 /// NCCL, used only as an out-of-band channel; its absence is reported, never fatal here.
 pub fn nccl() -> Result<&'static Loaded> {
-    static CELL: OnceLock<Probe> = OnceLock::new();
     found(
-        probe(&CELL, nccl_candidates),
+        probe(&NCCL, nccl_candidates),
         "libnccl (NCCL 2)",
         "Install NCCL 2, or set MEGAMOE_NCCL_LIB to the path of libnccl.so.2.",
     )
@@ -299,6 +372,29 @@ mod tests {
         assert!(text.contains("libx not found"), "{text}");
         assert!(text.contains("/a/libx.so, libx.so"), "{text}");
         assert!(text.contains("Install x."), "{text}");
+    }
+
+    #[test]
+    fn python_packages_come_after_the_loader_and_before_the_system_toolkit() {
+        let c = nvrtc_candidates_with(&[PathBuf::from("/venv/site-packages/nvidia")]);
+        let at = |needle: &str| c.iter().position(|s| s == needle).unwrap();
+        let loader = at("libnvrtc.so.13");
+        let cu13 = at("/venv/site-packages/nvidia/cu13/lib/libnvrtc.so.13");
+        let cu12_layout = at("/venv/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.13");
+        let system = at("/usr/local/cuda/lib64/libnvrtc.so.13");
+        assert!(
+            loader < cu13 && cu13 < cu12_layout && cu12_layout < system,
+            "{c:?}"
+        );
+    }
+
+    #[test]
+    fn a_library_the_loader_found_by_soname_is_reported_by_its_file() {
+        // libc is mapped in every process.
+        let libc = mapped_path("libc.so.6");
+        assert!(libc.starts_with('/') && libc.contains("/libc.so"), "{libc}");
+        assert_eq!(mapped_path("/a/libx.so.1"), "/a/libx.so.1");
+        assert_eq!(mapped_path("libnot-loaded.so.9"), "libnot-loaded.so.9");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! DeepGEMM-style arguments, the size query, the presets and the GPU probe. lib.rs only
 //! converts types.
 
+use megamoe_core::limits::HOST_BATCH_TOKENS;
 use megamoe_core::preset::{Shape, PRESETS};
 use megamoe_core::quant::default_group;
 use megamoe_core::routing::{generate_world, RoutingKind, RoutingSpec};
@@ -57,7 +58,13 @@ impl LayerArgs<'_> {
             return Err(Error::Value("num_experts: must be at least 1".into()));
         }
         let spec = LayerSpec {
-            kind: Kind::by_name(self.kind)?,
+            // Kind::by_name's error names the Rust crates' `kernel`.
+            kind: Kind::by_name(self.kind).map_err(|_| {
+                Error::Value(format!(
+                    "kind: {:?} must be \"fused\" or \"split\"",
+                    self.kind
+                ))
+            })?,
             group: match self.group {
                 Some(g) => count("scale_granularity", g)?,
                 None => default_group(&shape),
@@ -99,9 +106,6 @@ pub fn presets() -> Vec<(&'static str, PresetShape)> {
         .collect()
 }
 
-/// Most tokens per rank [`reference_forward`] takes.
-pub const MAX_REFERENCE_TOKENS: usize = 1 << 16;
-
 /// The CPU reference of the layer (SPEC §3) on a generated batch: what `megamoe run --backend
 /// cpu` computes for the same preset, ranks, tokens, seed and routing.
 pub struct Reference {
@@ -123,14 +127,11 @@ pub fn reference_forward(
 ) -> Result<Reference> {
     let shape = Preset::by_name(preset)?.shape;
     let ranks = count("num_ranks", num_ranks)?;
-    let tokens = count("num_tokens", num_tokens)?;
-    // A batch past this would take hours on the CPU, and one far past it would fail to
-    // allocate, which aborts the process instead of raising.
-    if tokens > MAX_REFERENCE_TOKENS {
-        return Err(Error::Value(format!(
-            "num_tokens: {tokens} exceeds the CPU reference's {MAX_REFERENCE_TOKENS} per rank"
-        )));
-    }
+    // A batch far past the limit would fail to allocate, which aborts the process instead of
+    // raising.
+    let tokens = HOST_BATCH_TOKENS
+        .check(count("num_tokens", num_tokens)? as u64)
+        .map_err(|e| Error::Value(format!("num_tokens: {e}")))?;
     shape.validate(ranks)?;
     let kind = match routing {
         "uniform" => RoutingKind::Uniform,
@@ -333,8 +334,12 @@ mod tests {
                 "kind",
             ),
         ] {
+            // The Python argument first, and no Rust-only name (`kernel`) in its place.
             match buffer_size(&bad) {
-                Err(Error::Value(m)) => assert!(m.contains(arg), "{arg}: {m}"),
+                Err(Error::Value(m)) => {
+                    assert!(m.starts_with(arg), "{arg}: {m}");
+                    assert!(!m.contains("kernel"), "{m}");
+                }
                 other => panic!("{arg}: {other:?}"),
             }
         }

@@ -55,9 +55,10 @@ fn arg_of(e: &megamoe_core::Error) -> Option<&'static str> {
 
 impl From<megamoe_core::Error> for Error {
     fn from(e: megamoe_core::Error) -> Self {
-        // The Rust message names the Rust argument; say the Python one first where they differ.
-        match arg_of(&e).and_then(python_name) {
-            Some(py) => Error::Value(format!("{py}: {e}")),
+        // Every ValueError starts with the Python argument (the Rust message may name the Rust
+        // one).
+        match arg_of(&e) {
+            Some(arg) => Error::Value(format!("{}: {e}", python_name(arg).unwrap_or(arg))),
             None => Error::Value(e.to_string()),
         }
     }
@@ -73,10 +74,14 @@ impl From<LayerError> for Error {
     fn from(e: LayerError) -> Self {
         match e {
             LayerError::Spec(e) => e.into(),
-            // Keep the rank in the message; the argument still comes first.
+            // The argument first, then the rank it was found on.
             LayerError::Input { rank, source } | LayerError::OnDevice { rank, source } => {
-                let inner = Error::from(source);
-                Error::Value(format!("rank {rank}: {}", inner.message()))
+                Error::Value(match arg_of(&source) {
+                    Some(arg) => {
+                        format!("{}: rank {rank}: {source}", python_name(arg).unwrap_or(arg))
+                    }
+                    None => format!("rank {rank}: {source}"),
+                })
             }
             other => Error::Runtime(other.to_string()),
         }
@@ -107,7 +112,7 @@ mod tests {
             Error::from(e),
             Error::Value("scale_granularity: `group` = 96 is invalid: must be 64 or 128".into())
         );
-        // Names both users know stay as the Rust crates wrote them.
+        // A name both languages share is said first too.
         let e = megamoe_core::Error::Value {
             arg: "hidden",
             value: "100".into(),
@@ -115,7 +120,7 @@ mod tests {
         };
         assert_eq!(
             Error::from(e),
-            Error::Value("`hidden` = 100 is invalid: must be a multiple of 128".into())
+            Error::Value("hidden: `hidden` = 100 is invalid: must be a multiple of 128".into())
         );
     }
 
@@ -130,7 +135,7 @@ mod tests {
             },
         );
         assert!(
-            matches!(Error::from(input), Error::Value(m) if m.starts_with("rank 1: ") && m.contains("topk_idx"))
+            matches!(Error::from(input), Error::Value(m) if m.starts_with("topk_idx: rank 1: `topk_idx`"))
         );
         let spec = LayerError::Spec(megamoe_core::Error::Shape {
             arg: "inter",
@@ -148,7 +153,7 @@ mod tests {
             },
         };
         assert!(
-            matches!(Error::from(on_device), Error::Value(m) if m.starts_with("rank 0: `num_tokens_bound` = 48"))
+            matches!(Error::from(on_device), Error::Value(m) if m.starts_with("num_tokens_bound: rank 0: `num_tokens_bound` = 48"))
         );
         let device = LayerError::Runtime(megamoe_cuda::Error::NoGpu);
         assert!(matches!(Error::from(device), Error::Runtime(m) if m.contains("GPU")));

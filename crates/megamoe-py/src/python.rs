@@ -139,6 +139,14 @@ fn info() -> String {
     api::info()
 }
 
+/// Adds the Python environment's `nvidia` package folders (NVIDIA's pip packages, e.g.
+/// PyTorch's CUDA 13 dependencies) to the search for NVRTC and NCCL; `megamoe/__init__.py`
+/// calls it at import. Returns False, changing nothing, once a library has been searched for.
+#[pyfunction]
+fn _set_nvidia_package_roots(roots: Vec<std::path::PathBuf>) -> bool {
+    megamoe_cuda::probe::set_nvidia_package_roots(roots)
+}
+
 #[pymodule]
 fn _megamoe(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(get_symm_buffer_size, m)?)?;
@@ -146,6 +154,7 @@ fn _megamoe(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(reference_forward, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_available, m)?)?;
     m.add_function(wrap_pyfunction!(info, m)?)?;
+    m.add_function(wrap_pyfunction!(_set_nvidia_package_roots, m)?)?;
     crate::layer::bindings::register(m)?;
     crate::gemm::bindings::register(m)?;
     crate::ep::py::register(m)?;

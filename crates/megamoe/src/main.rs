@@ -1,12 +1,16 @@
 //! `megamoe`: the command line of the megamoe expert-parallel MoE layer. A thin shell: every
 //! subcommand lives in its own file under `cmd/` and calls the library crates.
 
+mod args;
 mod cmd;
+mod jsonl;
 mod progress;
 
+use std::ffi::OsString;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::error::ErrorKind;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -58,9 +62,66 @@ enum Bench {
     Layer(cmd::bench_layer::Args),
 }
 
+/// Exit status of bad input (clap's own for a parse error); 1 is any other failure.
+const USAGE_EXIT: u8 = 2;
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let result = match &cli.command {
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    // Under --json (a flag, or a bench's output path) an error is a JSON object on stdout too.
+    let json = argv
+        .iter()
+        .skip(1)
+        .any(|a| a == "--json" || a.to_str().is_some_and(|a| a.starts_with("--json=")));
+    let command = Cli::command().after_help(args::limits_help());
+    let cli = match command
+        .try_get_matches_from(&argv)
+        .and_then(|m| Cli::from_arg_matches(&m))
+    {
+        Ok(cli) => cli,
+        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
+            e.exit()
+        }
+        Err(e) => return fail(json, USAGE_EXIT, &parse_error(&e)),
+    };
+    match run(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is::<args::Usage>() => fail(json, USAGE_EXIT, &e.to_string()),
+        Err(e) => fail(json, 1, &e.to_string()),
+    }
+}
+
+/// clap's error as one line: its first paragraph (a missing argument lists the flags on the
+/// lines below its first), without the "error: " prefix.
+fn parse_error(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    let first: Vec<&str> = text
+        .lines()
+        .take_while(|l| !l.trim().is_empty())
+        .map(str::trim)
+        .collect();
+    first.join(" ").trim_start_matches("error: ").to_string()
+}
+
+/// Reports an error: one line on stderr, or under --json one JSON object on stdout.
+fn fail(json: bool, status: u8, message: &str) -> ExitCode {
+    if json {
+        let kind = if status == USAGE_EXIT {
+            "usage"
+        } else {
+            "failure"
+        };
+        println!(
+            "{}",
+            serde_json::json!({ "error": message, "kind": kind, "exit_status": status })
+        );
+    } else {
+        eprintln!("megamoe: error: {message}");
+    }
+    ExitCode::from(status)
+}
+
+fn run(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
+    match &cli.command {
         Command::Run(args) => cmd::run::run(args),
         Command::Plan(args) => cmd::plan::run(args),
         Command::Selftest(args) => cmd::selftest::run(args),
@@ -73,12 +134,5 @@ fn main() -> ExitCode {
         Command::Bench(Bench::Quant(args)) => cmd::bench_quant::run(args),
         Command::Bench(Bench::Dispatch(args)) => cmd::bench_dispatch::run(args),
         Command::Bench(Bench::Layer(args)) => cmd::bench_layer::run(args),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("megamoe: error: {e}");
-            ExitCode::FAILURE
-        }
     }
 }

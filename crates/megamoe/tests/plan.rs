@@ -126,8 +126,8 @@ fn bad_arguments_exit_non_zero_with_one_line_naming_them() {
 proptest::proptest! {
     #![proptest_config(proptest::test_runner::Config::with_cases(48))]
     // Good and bad values of --ranks, --tokens and --gran mixed (0, negative, too large, not a
-    // divisor): `plan` succeeds exactly when every value is good, else exits non-zero with a
-    // first line naming a bad flag, never a panic.
+    // divisor): `plan` succeeds exactly when every value is good, else exits with status 2 and
+    // one line (the JSON error) naming a bad flag, never a panic.
     #[test]
     fn flags_are_accepted_or_named(
         ranks in flag_value(&["1", "2", "4", "8"], &["0", "3", "-1", "16", "32"]),
@@ -140,7 +140,8 @@ proptest::proptest! {
             args.push(format!("--{flag}={text}"));
         }
         let out = plan(&args.iter().map(String::as_str).collect::<Vec<_>>());
-        let bad: Vec<&str> = flags.iter().filter(|(_, (_, ok))| !ok).map(|(f, _)| *f).collect();
-        flags_verdict(&args, &out, &bad)?;
+        let bad: Vec<String> =
+            flags.iter().filter(|(_, (_, ok))| !ok).map(|(f, _)| format!("--{f}")).collect();
+        flags_verdict(&args, &out, &bad.iter().map(String::as_str).collect::<Vec<_>>())?;
     }
 }

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{flag_value, flags_verdict};
+use common::{error_message, flag_value, flags_verdict};
 use std::process::{Command, Output};
 
 fn run(args: &[&str]) -> Output {
@@ -40,6 +40,9 @@ fn json_report_has_the_documented_fields_and_a_small_fp8_cost() {
         assert!(v.get(field).is_some(), "missing {field} in {v}");
     }
     assert_eq!(v["backend"], "cpu");
+    assert_eq!(v["kernel"], serde_json::Value::Null);
+    assert_eq!(v["routing"], "uniform");
+    assert_eq!(v["zipf_exponent"], serde_json::Value::Null);
     assert_eq!(v["tokens_per_rank"], 32);
     assert_eq!(v["valid_slots"], 2 * 32 * 4);
     let d = v["diff_vs_f64"].as_f64().unwrap();
@@ -52,11 +55,33 @@ fn backend_auto_says_why_it_runs_the_cpu_reference() {
     let out = run(&[&args[..], &["--backend", "auto", "--json"]].concat());
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cause = match megamoe_cuda::device_count() {
+        Ok(n) if n > 0 => {
+            // Where a GPU is, auto runs the GPU layer and says nothing.
+            assert_eq!(v["backend"], "gpu");
+            assert!(v.get("note").is_none(), "{v}");
+            return;
+        }
+        Ok(_) => "the driver reports no GPU".to_string(),
+        Err(e) => e.to_string(),
+    };
     assert_eq!(v["backend"], "cpu");
     let note = v["note"].as_str().expect("a note for --backend auto");
-    assert!(note.ends_with("running the CPU reference"), "{note}");
+    assert_eq!(note, format!("no GPU ({cause}): running the CPU reference"));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains(note), "note not on stderr: {stderr}");
+
+    // The GPU layer's flags are named as unused.
+    let out = run(&[&args[..], &["--kernel", "split", "--check", "--json"]].concat());
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let note = v["note"].as_str().unwrap();
+    assert!(
+        note.ends_with(
+            "(--kernel and --check apply to the GPU layer only): running the CPU reference"
+        ),
+        "{note}"
+    );
 
     let v = json(&[&args[..], &["--backend", "cpu"]].concat());
     assert_eq!(v["backend"], "cpu");
@@ -110,14 +135,65 @@ fn bad_arguments_exit_non_zero_with_a_one_line_reason() {
 }
 
 #[test]
+fn the_gpu_layers_flags_are_refused_with_the_cpu_backend() {
+    for (flag, value) in [
+        ("--kernel", Some("split")),
+        ("--kernel", Some("fused")),
+        ("--check", None),
+    ] {
+        let mut args = vec!["--preset", "tiny", "--backend", "cpu", flag];
+        args.extend(value);
+        let out = run(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains(flag) && err.contains("--backend cpu"), "{err}");
+    }
+}
+
+#[test]
+fn errors_under_json_are_one_json_object_on_stdout() {
+    for (args, status, needle) in [
+        (&["--tokens", "-1", "--json"][..], 2, "--tokens"),
+        (&["--json", "--preset", "huge"][..], 2, "--preset"),
+        (&["--json", "--bogus"][..], 2, "--bogus"),
+    ] {
+        let out = run(args);
+        assert_eq!(out.status.code(), Some(status), "{args:?}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["exit_status"], status);
+        assert_eq!(v["kind"], "usage");
+        assert!(v["error"].as_str().unwrap().contains(needle), "{v}");
+        assert!(
+            out.stderr.is_empty(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn the_table_counts_ranks_and_tokens_in_words() {
+    for (ranks, tokens, words) in [
+        ("1", "1", "1 rank x 1 token"),
+        ("2", "3", "2 ranks x 3 tokens"),
+    ] {
+        let args = ["--preset", "tiny", "--backend", "cpu"];
+        let out = run(&[&args[..], &["--ranks", ranks, "--tokens", tokens]].concat());
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(text.contains(&format!(", {words},")), "{text}");
+    }
+}
+
+#[test]
 fn backend_gpu_runs_the_layer_where_a_gpu_is_and_is_an_error_elsewhere() {
     let args = ["--preset", "tiny", "--ranks", "2", "--tokens", "16"];
     let out = run(&[&args[..], &["--backend", "gpu", "--json"]].concat());
     if megamoe_cuda::device_count().unwrap_or(0) == 0 {
-        assert!(!out.status.success());
-        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1));
+        let err = error_message(&out);
         assert_eq!(err.trim().lines().count(), 1, "{err}");
-        assert!(err.contains("--backend gpu"), "{err}");
+        assert!(err.contains("--backend gpu: no GPU can be used: "), "{err}");
     } else {
         assert!(
             out.status.success(),
@@ -133,39 +209,38 @@ fn backend_gpu_runs_the_layer_where_a_gpu_is_and_is_an_error_elsewhere() {
 proptest::proptest! {
     #![proptest_config(proptest::test_runner::Config::with_cases(64))]
     // Any mix of good and bad values of the numeric flags: the command succeeds exactly when
-    // every value is good, and otherwise exits non-zero with a first line naming a bad flag (as
-    // the argument it validates: --gran's is `group`, --zipf-exponent's `exponent`; one line in
-    // all, except for clap's parse errors, which add a hint), never a panic.
+    // every value is good, and otherwise exits with status 2 and one line (the JSON error, under
+    // --json) naming a bad flag, never a panic.
     #[test]
     fn numeric_flags_are_accepted_or_named(
-        ranks in flag_value(&["1", "2", "16"], &["0", "3", "-1", "x"]),
+        ranks in flag_value(&["1", "2", "8"], &["0", "3", "-1", "x", "16"]),
         tokens in flag_value(&["0", "5"], &["-3", "1e3"]),
         masked in flag_value(&["0", "0.5", "1"], &["1.5", "-0.5", "NaN", "inf"]),
         exponent in flag_value(&["1.2", "0"], &["-1", "NaN", "inf"]),
         gran in flag_value(&["64", "128"], &["96", "0"]),
-        clamp in flag_value(&["0.5", "0", "inf"], &["-1", "NaN"]),
+        clamp in flag_value(&["0.5", "7"], &["-1", "NaN", "0", "inf"]),
     ) {
         let flags = [
-            ("ranks", ranks, &["ranks"][..]),
-            ("tokens", tokens, &["tokens"][..]),
-            ("masked", masked, &["masked"][..]),
-            ("zipf-exponent", exponent, &["exponent", "zipf-exponent"][..]),
-            ("gran", gran, &["group", "gran"][..]),
-            ("clamp", clamp, &["clamp"][..]),
+            ("ranks", ranks),
+            ("tokens", tokens),
+            ("masked", masked),
+            ("zipf-exponent", exponent),
+            ("gran", gran),
+            ("clamp", clamp),
         ];
         let mut args = vec![
             "--preset".to_string(), "tiny".into(), "--backend".into(), "cpu".into(),
             "--routing".into(), "zipf".into(), "--json".into(),
         ];
-        for (flag, (text, _), _) in &flags {
+        for (flag, (text, _)) in &flags {
             args.push(format!("--{flag}={text}"));
         }
         let out = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
-        let bad: Vec<&str> = flags
+        let bad: Vec<String> = flags
             .iter()
-            .filter(|(_, (_, valid), _)| !valid)
-            .flat_map(|(_, _, names)| names.iter().copied())
+            .filter(|(_, (_, valid))| !valid)
+            .map(|(flag, _)| format!("--{flag}"))
             .collect();
-        flags_verdict(&args, &out, &bad)?;
+        flags_verdict(&args, &out, &bad.iter().map(String::as_str).collect::<Vec<_>>())?;
     }
 }

@@ -31,8 +31,9 @@ pub const LAG_MAX_UNITS: usize = 64;
 /// ring would be as large as the pool (the seed's threshold).
 pub const LAG_THRESHOLD_TOKENS: usize = 1024;
 
-/// Most tokens per rank a buffer is sized for: a pool row records its source token as a u32.
-pub const MAX_TOKENS: usize = u32::MAX as usize;
+/// Most tokens per rank a buffer is sized for: a pool row records its source token as a u32,
+/// and the capacity is aligned up to [`TOKEN_ALIGN`], so the largest multiple of it a u32 holds.
+pub const MAX_TOKENS: usize = u32::MAX as usize / TOKEN_ALIGN * TOKEN_ALIGN;
 
 /// Checks a buffer's token capacity T_max against [`MAX_TOKENS`].
 pub fn check_tokens(t_max: usize) -> Result<usize> {

@@ -44,7 +44,8 @@ impl Default for RoutingSpec {
 }
 
 impl RoutingSpec {
-    fn validate(&self) -> Result<()> {
+    /// Checks the masked ratio and the Zipf exponent, naming the argument.
+    pub fn validate(&self) -> Result<()> {
         if !(0.0..=1.0).contains(&self.masked_ratio) {
             return Err(Error::Value {
                 arg: "masked_ratio",

@@ -2,11 +2,16 @@
 //! floor (SPEC §8: FLOPs and HBM bytes at the measured rates) and DeepGEMM's measured time.
 
 use clap::{Args, ValueEnum};
-use megamoe_core::Preset;
+use std::io::Write;
+
+use megamoe_core::{Preset, Shape};
 use megamoe_cuda::Gpu;
 use megamoe_gemm::bench::{run_arms, Arm, BenchOptions};
 use megamoe_gemm::heuristics::{GemmProblem, Layout, OutDtype};
 use megamoe_gemm::testdata::group_sizes;
+
+use crate::args::{self, usage};
+use crate::jsonl::{Output, Setup};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum GemmShape {
@@ -28,36 +33,49 @@ pub struct BenchGemmArgs {
     pub shape: GemmShape,
     #[arg(long, default_value = "flash")]
     pub preset: String,
-    /// Mean rows per expert; a comma-separated list runs several sizes.
-    #[arg(long, value_delimiter = ',', default_value = "192")]
+    #[arg(long, value_delimiter = ',', default_value = "192",
+          value_parser = args::count(&args::ROWS_PER_EXPERT), allow_hyphen_values = true,
+          help = args::help(
+              "Mean rows per expert; a comma-separated list runs several sizes",
+              &args::ROWS_PER_EXPERT))]
     pub rows_per_expert: Vec<usize>,
     #[arg(long, value_enum, default_value = "contiguous")]
     pub layout: GemmLayout,
-    /// Local experts (128 = the flash preset's 256 over EP2).
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_parser = args::count(&args::GEMM_EXPERTS),
+          allow_hyphen_values = true,
+          help = args::help(
+              "Local experts (128 = the flash preset's 256 over EP2)",
+              &args::GEMM_EXPERTS))]
     pub experts: usize,
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 20, value_parser = args::count(&args::ITERS),
+          allow_hyphen_values = true, help = args::help("Timed launches per case", &args::ITERS))]
     pub iters: usize,
-    #[arg(long, default_value_t = 1)]
+    /// Seed of the operands (any u64).
+    #[arg(long, default_value_t = 1, value_parser = args::seed, allow_hyphen_values = true)]
     pub seed: u64,
     /// Overrides the heuristic's BLOCK_N (128, 192 or 256; tuning knob); a comma-separated
     /// list runs each case once per value (and per cluster size, A source and K loop),
     /// interleaved on the same operands.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = args::one_of(&[128, 192, 256]),
+          allow_hyphen_values = true)]
     pub block_n: Vec<usize>,
     /// Stores tiles straight from registers instead of through TMA (tuning knob).
     #[arg(long)]
     pub direct_store: bool,
     /// Contiguous segment padding (64 or 128; default 64 up to 64 rows per expert, else 128); a
     /// comma-separated list runs each size once per padding, interleaved.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = args::one_of(&[64, 128]),
+          allow_hyphen_values = true)]
     pub pad: Vec<usize>,
-    /// m-blocks of one expert walked together per n-block (overrides the heuristic's).
-    #[arg(long)]
+    #[arg(long, value_parser = args::count(&args::GROUP_M), allow_hyphen_values = true,
+          help = args::help(
+              "m-blocks of one expert walked together per n-block (overrides the heuristic's)",
+              &args::GROUP_M))]
     pub group_m: Option<usize>,
     /// CTAs per cluster sharing the weight tile (1 or 2; tuning knob); a comma-separated list
     /// runs each case once per value, interleaved on the same operands.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = args::one_of(&[1, 2]),
+          allow_hyphen_values = true)]
     pub cluster_m: Vec<usize>,
     /// wgmma A operand from registers (true/false; 128 x 256 tiles; tuning knob); a
     /// comma-separated list runs each case once per value (and per cluster size), interleaved.
@@ -72,9 +90,10 @@ pub struct BenchGemmArgs {
     /// starts with an L2 that holds none of its operands, as DeepGEMM's benchmark does.
     #[arg(long)]
     pub flush_l2: bool,
-    /// Appends one JSON line per case (group sizes included) for the torch comparison script.
-    #[arg(long)]
-    pub json_out: Option<std::path::PathBuf>,
+    /// Append one JSON object per case (JSON Lines; group sizes included, for the torch
+    /// comparison script) to this file; `-` writes them to stdout and the table to stderr.
+    #[arg(long, alias = "json-out", value_name = "PATH")]
+    pub json: Option<std::path::PathBuf>,
 }
 
 /// DeepGEMM 2.6.1 on our H200 (ANCHORS.md), flash, 128 experts, contiguous: (shape, rows, µs).
@@ -90,8 +109,21 @@ const DEEPGEMM_US: &[(GemmShape, usize, f64)] = &[
 ];
 
 pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let preset = Preset::by_name(&args.preset)?;
+    let preset = Preset::by_name(&args.preset).map_err(|e| usage("--preset", e))?;
     let s = preset.shape;
+    let mut output = Output::open(args.json.as_deref())?;
+    let mut table = output.table();
+    // One line per case: `experts` is the GEMM's local experts; no routing, no tokens.
+    let cells = Setup::new(
+        "gemm",
+        preset.name,
+        &Shape {
+            experts: args.experts,
+            ..s
+        },
+        1,
+        "synthetic",
+    );
     let (n, k) = match args.shape {
         GemmShape::L1 => (2 * s.inter, s.hidden),
         GemmShape::L2 => (s.hidden, s.inter),
@@ -106,11 +138,13 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
         GemmShape::L1 => 128,
         GemmShape::L2 => l2_group,
     };
+    super::require_gpu("bench gemm")?;
     let gpu = Gpu::new(0)?;
-    println!(
+    writeln!(
+        table,
         "| shape | layout | rows/expert | kernel | µs (min–max) | TFLOP/s | floor µs | ×floor | weight floor µs | DeepGEMM µs | diff |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    )?;
+    writeln!(table, "|---|---|---|---|---|---|---|---|---|---|---|")?;
     let pads: Vec<Option<usize>> = match args.layout {
         GemmLayout::Contiguous => args.pad.iter().map(|&p| Some(p)).collect(),
         GemmLayout::Masked => vec![None],
@@ -198,7 +232,8 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
                 })
                 .map(|d| format!("{:.0}", d.2))
                 .unwrap_or_else(|| "–".into());
-            println!(
+            writeln!(
+                table,
                 "| {:?} | {} | {} | {} | {:.1} ({:.1}–{:.1}) | {:.0} | {:.1} | {:.2} | {:.1} | {} | {:.1e}{} |",
                 args.shape,
                 match layout {
@@ -217,7 +252,7 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
                 deepgemm,
                 r.diff,
                 if r.unwritten > 0 { " UNWRITTEN" } else { "" }
-            );
+            )?;
             if r.diff > 1e-4 || r.unwritten > 0 || r.diff.is_nan() {
                 return Err(format!(
                     "{:?} {} rows: diff {:.2e}, {} bad rows",
@@ -225,26 +260,26 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
                 )
                 .into());
             }
-            if let Some(path) = &args.json_out {
-                use std::io::Write;
-                let line = serde_json::json!({
-                    "shape": format!("{:?}", args.shape), "layout": format!("{:?}", args.layout), "pad": match layout {
-                        Layout::Contiguous { pad } => pad,
-                        Layout::Masked { .. } => 0,
-                    },
-                    "cluster_m": arm.cluster_m.unwrap_or(1), "a_regs": arm.a_regs,
-                    "pipelined": arm.pipelined, "flush_l2": args.flush_l2,
-                    "block_n": arm.block_n,
-                    "rows_per_expert": mean, "n": n, "k": k, "group_sizes": rows,
-                    "us": r.median_us, "tflops": r.tflops, "floor_us": r.floor_us,
-                    "weight_floor_us": r.weight_floor_us, "deepgemm_us": deepgemm, "kernel": r.kernel,
-                });
-                let mut f = std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)?;
-                writeln!(f, "{line}")?;
-            }
+            let fields = serde_json::json!({
+                "shape": format!("{:?}", args.shape), "layout": format!("{:?}", args.layout),
+                "pad": match layout {
+                    Layout::Contiguous { pad } => pad,
+                    Layout::Masked { .. } => 0,
+                },
+                "cluster_m": arm.cluster_m.unwrap_or(1), "a_regs": arm.a_regs,
+                "pipelined": arm.pipelined, "flush_l2": args.flush_l2, "block_n": arm.block_n,
+                "rows_per_expert": mean, "n": n, "k": k, "group_sizes": rows,
+                "min_us": r.min_us, "max_us": r.max_us, "weight_floor_us": r.weight_floor_us,
+                "deepgemm_us": deepgemm, "kernel": r.kernel,
+            });
+            output.cell(&cells.cell(
+                None,
+                &r.kernel,
+                r.median_us,
+                Some(r.floor_us),
+                Some(r.tflops),
+                fields,
+            ))?;
         }
     }
     Ok(())

@@ -4,21 +4,28 @@
 use megamoe_core::floor::NVLINK_BYTES_PER_S;
 use megamoe_cuda::bench;
 
+use crate::args;
+
 #[derive(clap::Args)]
 pub struct Args {
-    /// MiB moved per transfer.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = args::count(&args::MIB),
+          allow_hyphen_values = true, help = args::help("MiB moved per transfer", &args::MIB))]
     pub mib: usize,
-    /// Thread-block counts of the copy kernel to measure.
-    #[arg(long, value_delimiter = ',', default_value = "16,32,66,132")]
-    pub blocks: Vec<u32>,
-    /// Timed transfers per measurement (median reported).
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, value_delimiter = ',', default_value = "16,32,66,132",
+          value_parser = args::count(&args::COPY_BLOCKS), allow_hyphen_values = true,
+          help = args::help("Thread-block counts of the copy kernel to measure", &args::COPY_BLOCKS))]
+    pub blocks: Vec<usize>,
+    #[arg(long, default_value_t = 20, value_parser = args::count(&args::ITERS),
+          allow_hyphen_values = true,
+          help = args::help("Timed transfers per measurement (median reported)", &args::ITERS))]
     pub iters: usize,
 }
 
 pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
-    let rows = bench::nvlink(args.mib << 20, &args.blocks, args.iters)?;
+    super::require_gpu("bench nvlink")?;
+    // COPY_BLOCKS keeps every count within u32.
+    let blocks: Vec<u32> = args.blocks.iter().map(|&b| b as u32).collect();
+    let rows = bench::nvlink(args.mib << 20, &blocks, args.iters)?;
     println!(
         "NVLink exchange, {} MiB per transfer, median of {} (floor {:.0} GB/s per direction)",
         args.mib,

@@ -1,25 +1,31 @@
 //! `megamoe bench quant`: bf16 -> e4m3 per-128 quantization time against the HBM floor.
 
+use megamoe_core::limits;
 use megamoe_cuda::kernels::QuantConfig;
 use megamoe_cuda::{bench, Gpu};
 
+use crate::args;
+
 #[derive(clap::Args)]
 pub struct Args {
-    /// Tokens (rows).
-    #[arg(long, value_delimiter = ',', default_value = "1024,4096,8192")]
+    #[arg(long, value_delimiter = ',', default_value = "1024,4096,8192",
+          value_parser = args::count(&args::BENCH_TOKENS), allow_hyphen_values = true,
+          help = args::help("Tokens (rows)", &args::BENCH_TOKENS))]
     pub tokens: Vec<usize>,
-    /// Hidden size (columns, a multiple of 128).
-    #[arg(long, default_value_t = 7168)]
+    #[arg(long, default_value_t = 7168, value_parser = args::count(&limits::HIDDEN),
+          allow_hyphen_values = true, help = args::help("Hidden size (columns)", &limits::HIDDEN))]
     pub hidden: usize,
     /// Configurations to compare: `b<blocks per half-warp>[p<thread blocks per SM>]`.
     #[arg(long, value_delimiter = ',', default_value = "b1,b2,b4,b2p4")]
     pub configs: Vec<QuantConfig>,
-    /// Timed launches per shape (median reported).
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 20, value_parser = args::count(&args::ITERS),
+          allow_hyphen_values = true,
+          help = args::help("Timed launches per shape (median reported)", &args::ITERS))]
     pub iters: usize,
 }
 
 pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    super::require_gpu("bench quant")?;
     let gpu = Gpu::new(0)?;
     println!(
         "quantization bf16 -> e4m3 + f32 scales per 128, median of {}",

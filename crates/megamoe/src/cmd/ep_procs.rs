@@ -12,30 +12,37 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use megamoe_core::limits;
 use megamoe_cuda::FileRendezvous;
 use megamoe_ep::selftest::{every_round, small};
 use megamoe_ep::{EpConfig, EpWorld, RowDtype};
 use megamoe_layer::selftest::{fused_rank_kernel, layer_rank_check};
 use megamoe_layer::Kind;
 
+use crate::args::{self, Usage};
+
 #[derive(clap::Args)]
 pub struct Args {
-    /// World sizes to check (comma-separated).
-    #[arg(long, value_delimiter = ',', default_values_t = vec![2, 4])]
+    #[arg(long, value_delimiter = ',', default_values_t = vec![2, 4],
+          value_parser = args::count(&limits::RANKS), allow_hyphen_values = true,
+          help = args::help("World sizes to check (comma-separated; each at least 2)", &limits::RANKS))]
     pub ranks: Vec<usize>,
-    /// The GPU every process runs on; without it, rank r runs on GPU r mod the visible GPUs
-    /// (one process per GPU where there are enough of them).
-    #[arg(long)]
+    #[arg(long, value_parser = args::count(&args::DEVICE), allow_hyphen_values = true,
+          help = args::help(
+              "The GPU every process runs on; without it, rank r runs on GPU r mod the visible \
+               GPUs (one process per GPU where there are enough of them)",
+              &args::DEVICE))]
     pub device: Option<usize>,
 }
 
 #[derive(clap::Args)]
 pub struct RankArgs {
-    #[arg(long)]
+    /// This process's rank, below --ranks.
+    #[arg(long, value_parser = args::count(&args::RANK), allow_hyphen_values = true)]
     pub rank: usize,
-    #[arg(long)]
+    #[arg(long, value_parser = args::count(&limits::RANKS), allow_hyphen_values = true)]
     pub ranks: usize,
-    #[arg(long)]
+    #[arg(long, value_parser = args::count(&args::DEVICE), allow_hyphen_values = true)]
     pub device: usize,
     /// The rendezvous directory, shared by every process of the world.
     #[arg(long)]
@@ -43,8 +50,8 @@ pub struct RankArgs {
     #[arg(long, value_enum)]
     pub work: Work,
     /// Deadline of the handle exchange and of every device-side wait.
-    #[arg(long)]
-    pub deadline_ms: u64,
+    #[arg(long, value_parser = args::count(&args::DEADLINE_MS), allow_hyphen_values = true)]
+    pub deadline_ms: usize,
     /// Join the world, then make no call (the peers must time out naming this rank).
     #[arg(long)]
     pub idle: bool,
@@ -85,7 +92,11 @@ const CASE_LIMIT: Duration = Duration::from_secs(60);
 
 /// `megamoe ep-rank`: one rank of the world.
 pub fn run_rank(a: &RankArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let deadline = Duration::from_millis(a.deadline_ms);
+    if a.rank >= a.ranks {
+        return Err(Usage(format!("--rank {}: not below --ranks {}", a.rank, a.ranks)).into());
+    }
+    super::require_gpu("ep-rank")?;
+    let deadline = Duration::from_millis(a.deadline_ms as u64);
     let exchange = FileRendezvous::new(&a.dir, a.rank, a.ranks, deadline)?;
     let layer = |kind, exchange| -> Result<(), Box<dyn std::error::Error>> {
         let report = layer_rank_check(kind, a.rank, a.ranks, a.device, deadline, exchange, a.idle)?;
@@ -145,19 +156,16 @@ impl Outcome {
 pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     for &r in &args.ranks {
         if r < 2 {
-            return Err(format!("--ranks {r}: a multi-process world needs at least 2").into());
+            return Err(Usage(format!(
+                "--ranks {r}: a multi-process world needs at least 2"
+            ))
+            .into());
         }
         small(r)
             .validate()
-            .map_err(|e| format!("--ranks {r}: {e}"))?;
+            .map_err(|e| Usage(format!("--ranks {r}: {e}")))?;
     }
-    let gpus = match megamoe_cuda::device_count() {
-        Ok(0) => {
-            return Err("no GPU: `megamoe ep-procs` needs a CUDA GPU (none is visible)".into())
-        }
-        Err(e) => return Err(format!("no GPU: {e}").into()),
-        Ok(n) => n,
-    };
+    let gpus = super::require_gpu("ep-procs")?;
     if let Some(d) = args.device {
         if d >= gpus {
             return Err(format!("--device {d}: {gpus} GPU(s) visible (0 to {})", gpus - 1).into());

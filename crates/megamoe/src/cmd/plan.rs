@@ -4,25 +4,31 @@
 use std::fmt::Write as _;
 use std::io::Write as _;
 
+use megamoe_core::limits;
 use megamoe_core::plan::layout::mib;
 use megamoe_core::plan::rules::{self, SLOT_ROWS, TOKEN_ALIGN};
 use megamoe_core::plan::{Kernel, SymmetricLayout};
 use megamoe_core::{Error, Preset};
 use serde_json::json;
 
+use crate::args::{self, Usage};
+
 #[derive(clap::Args, Debug)]
 pub struct PlanArgs {
     /// Model preset: flash, pro, dsv3, glm or tiny.
     #[arg(long)]
     pub preset: String,
-    /// Ranks in the expert-parallel group.
-    #[arg(long)]
+    #[arg(long, value_parser = args::count(&limits::RANKS), allow_hyphen_values = true,
+          help = args::help("Ranks in the expert-parallel group", &limits::RANKS))]
     pub ranks: usize,
-    /// Tokens per rank the buffers are sized for (T_max; aligned up to 128).
-    #[arg(long)]
+    #[arg(long, value_parser = args::count(&limits::CAPACITY_TOKENS), allow_hyphen_values = true,
+          help = args::help(
+              "Tokens per rank the buffers are sized for (T_max; aligned up to 128)",
+              &limits::CAPACITY_TOKENS))]
     pub tokens: usize,
-    /// Scale granularity of the intermediate activation, 64 or 128 (default: the shape rule).
-    #[arg(long)]
+    /// Scale granularity of the intermediate activation: 64 or 128, dividing the preset's
+    /// intermediate size (default: the shape rule).
+    #[arg(long, value_parser = args::one_of(&[64, 128]), allow_hyphen_values = true)]
     pub gran: Option<usize>,
     /// Print one JSON object instead of tables.
     #[arg(long)]
@@ -51,20 +57,15 @@ fn bounds(t_cap: usize) -> Vec<usize> {
     out
 }
 
+/// The checks clap's parsers cannot make alone (a value against the preset).
+fn check(args: &PlanArgs) -> Result<(Preset, usize), Usage> {
+    let preset = args::preset(&args.preset, args.ranks)?;
+    let gran = args::gran(&preset.shape, args.gran)?;
+    Ok((preset, gran))
+}
+
 pub fn run(args: &PlanArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let preset = Preset::by_name(&args.preset)?;
-    if args.tokens == 0 {
-        return Err(Error::Value {
-            arg: "tokens",
-            value: "0".into(),
-            reason: "the buffers need a positive token capacity".into(),
-        }
-        .into());
-    }
-    let gran = match args.gran {
-        Some(g) => rules::check_gran(&preset.shape, g)?,
-        None => rules::default_gran(&preset.shape),
-    };
+    let (preset, gran) = check(args)?;
     let top = sizes(args, &preset, gran, args.tokens)?;
     let t_cap = top.fused.ring.t_cap;
     let table: Vec<(usize, Sizes)> = bounds(t_cap)

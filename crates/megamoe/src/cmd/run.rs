@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use clap::{Args, ValueEnum};
 use half::bf16;
+use megamoe_core::limits;
 use megamoe_core::reference::PerRank;
 use megamoe_core::routing::{generate_world, RoutingKind, RoutingSpec};
 use megamoe_core::{diff, fused_layer_and_f64, LayerOptions, Preset, WeightGen, WorldInputs};
@@ -13,6 +14,7 @@ use megamoe_layer::inputs::{bf16_inputs, spec_for};
 use megamoe_layer::{Kind, LayerSpec, MoeLayer};
 use serde::Serialize;
 
+use crate::args::{self, Usage};
 use crate::progress::Progress;
 
 #[derive(Args, Debug)]
@@ -20,44 +22,50 @@ pub struct RunArgs {
     /// Model shape: flash, pro, dsv3, glm or tiny.
     #[arg(long, default_value = "tiny")]
     preset: String,
-    /// Ranks in the expert-parallel world, R.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = args::count(&limits::RANKS),
+          allow_hyphen_values = true,
+          help = args::help("Ranks in the expert-parallel world, R", &limits::RANKS))]
     ranks: usize,
-    /// Tokens per rank, T.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = args::count(&limits::HOST_BATCH_TOKENS),
+          allow_hyphen_values = true,
+          help = args::help("Tokens per rank, T", &limits::HOST_BATCH_TOKENS))]
     tokens: usize,
     /// Expert choice: top-k of Gaussian scores, or skewed by a Zipf law of expert popularity.
     #[arg(long, value_enum, default_value_t = RoutingArg::Uniform)]
     routing: RoutingArg,
-    /// Exponent of the Zipf law when --routing zipf.
-    #[arg(long, default_value_t = 1.0)]
+    /// Exponent of the Zipf law when --routing zipf, finite and not negative.
+    #[arg(long, default_value_t = 1.0, value_parser = args::exponent, allow_hyphen_values = true)]
     zipf_exponent: f64,
     /// Fraction of slots masked (−1), in [0, 1].
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = args::fraction, allow_hyphen_values = true)]
     masked: f64,
     /// Give the ranks different token counts (same total).
     #[arg(long)]
     uneven: bool,
-    /// Seed of every generated input and weight.
-    #[arg(long, default_value_t = 0)]
+    /// Seed of every generated input and weight (any u64).
+    #[arg(long, default_value_t = 0, value_parser = args::seed, allow_hyphen_values = true)]
     seed: u64,
-    /// Columns per scale of the re-quantized intermediate (64 or 128; default by SPEC §3).
-    #[arg(long)]
+    /// Columns per scale of the re-quantized intermediate: 64 or 128, dividing the preset's
+    /// intermediate size (default by SPEC §3).
+    #[arg(long, value_parser = args::one_of(&[64, 128]), allow_hyphen_values = true)]
     gran: Option<usize>,
-    /// SwiGLU clamp c.
-    #[arg(long)]
+    /// SwiGLU clamp c, positive and finite.
+    #[arg(long, value_parser = args::clamp, allow_hyphen_values = true)]
     clamp: Option<f32>,
     /// Where the layer runs.
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
     backend: Backend,
-    /// The GPU layer's form.
-    #[arg(long, value_enum, default_value_t = KernelArg::Fused)]
-    kernel: KernelArg,
+    /// The GPU layer's form (default fused). The CPU reference has none: refused with
+    /// `--backend cpu`, noted and not used when `--backend auto` finds no GPU.
+    #[arg(long, value_enum)]
+    kernel: Option<KernelArg>,
     /// GPU backend: also compute the CPU reference and report `diff_vs_reference` and
-    /// `diff_vs_f64` (done without asking where the reference is cheap, e.g. tiny).
+    /// `diff_vs_f64` (done without asking where the reference is cheap, e.g. tiny). Refused
+    /// with `--backend cpu` (the reference is all it runs), noted when `--backend auto` finds no
+    /// GPU.
     #[arg(long)]
     check: bool,
-    /// Print one JSON object instead of the table.
+    /// Print one JSON object instead of the table (an error too).
     #[arg(long)]
     json: bool,
 }
@@ -90,15 +98,20 @@ enum KernelArg {
 #[derive(Serialize)]
 struct RunReport {
     backend: &'static str,
-    /// The GPU layer's form; absent on the CPU backend.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// The GPU layer's form; null on the CPU backend.
     kernel: Option<&'static str>,
     preset: &'static str,
     ranks: usize,
     tokens_per_rank: usize,
     tokens: usize,
     valid_slots: usize,
-    routing: RoutingSpec,
+    /// As `--routing` spells it.
+    routing: &'static str,
+    /// The Zipf law's exponent; null for uniform routing.
+    zipf_exponent: Option<f64>,
+    masked: f64,
+    uneven: bool,
+    seed: u64,
     group: usize,
     /// Wall time of the layer (input generation excluded). The CPU reference computes the f64
     /// layer in the same pass over the experts (both share each generated weight strip), so on
@@ -124,15 +137,44 @@ struct RunReport {
 /// without `--check` (tiny: 1.6 M; flash: 6.4 G, tens of seconds of CPU time).
 const CHEAP_REFERENCE_WEIGHTS: usize = 64 << 20;
 
-pub fn run(args: &RunArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let preset = Preset::by_name(&args.preset)?;
-    let shape = preset.shape;
-    shape.validate(args.ranks)?;
-    let mut options = LayerOptions::for_shape(&shape);
-    if let Some(group) = args.gran {
-        options.group = group;
+/// The checks clap's parsers cannot make alone (a value against the preset or another flag),
+/// before anything is generated or probed.
+fn check(args: &RunArgs) -> Result<(Preset, LayerOptions), Usage> {
+    let preset = args::preset(&args.preset, args.ranks)?;
+    let options = LayerOptions {
+        group: args::gran(&preset.shape, args.gran)?,
+        clamp: args.clamp,
+    };
+    if let Backend::Cpu = args.backend {
+        if let Some(k) = args.kernel {
+            return Err(Usage(format!(
+                "--kernel {}: --backend cpu runs the CPU reference, which has no kernel form",
+                k.kind().name()
+            )));
+        }
+        if args.check {
+            return Err(Usage(
+                "--check compares the GPU layer with the CPU reference; --backend cpu runs only \
+                 the reference"
+                    .into(),
+            ));
+        }
     }
-    options.clamp = args.clamp;
+    Ok((preset, options))
+}
+
+impl KernelArg {
+    fn kind(self) -> Kind {
+        match self {
+            KernelArg::Split => Kind::Split,
+            KernelArg::Fused => Kind::Fused,
+        }
+    }
+}
+
+pub fn run(args: &RunArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let (preset, options) = check(args)?;
+    let shape = preset.shape;
     let spec = RoutingSpec {
         kind: match args.routing {
             RoutingArg::Uniform => RoutingKind::Uniform,
@@ -144,7 +186,7 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn std::error::Error>> {
         uneven_tokens: args.uneven,
         seed: args.seed,
     };
-    let (gpu, note) = choose_backend(args.backend)?;
+    let (gpu, note) = choose_backend(args)?;
 
     let world = generate_world(shape, args.ranks, args.tokens, &spec)?;
     let weights = WeightGen::new(shape, args.seed);
@@ -157,7 +199,14 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn std::error::Error>> {
         tokens_per_rank: args.tokens,
         tokens: world.global_tokens(),
         valid_slots,
-        routing: spec,
+        routing: match args.routing {
+            RoutingArg::Uniform => "uniform",
+            RoutingArg::Zipf => "zipf",
+        },
+        zipf_exponent: matches!(args.routing, RoutingArg::Zipf).then_some(args.zipf_exponent),
+        masked: args.masked,
+        uneven: args.uneven,
+        seed: args.seed,
         group: options.group,
         time_ms: 0.0,
         tflops: 0.0,
@@ -175,10 +224,7 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn std::error::Error>> {
         out
     };
     let out = if gpu {
-        let kind = match args.kernel {
-            KernelArg::Split => Kind::Split,
-            KernelArg::Fused => Kind::Fused,
-        };
+        let kind = args.kernel.unwrap_or(KernelArg::Fused).kind();
         let (out, time_ms) = gpu_layer(kind, &world, &weights, &options)?;
         report.kernel = Some(kind.name());
         report.time_ms = time_ms;
@@ -241,29 +287,63 @@ fn gpu_layer(
 }
 
 /// Whether `--backend` runs the GPU layer, and for `auto` on a machine without a usable GPU a
-/// note saying why the CPU reference runs instead.
-fn choose_backend(backend: Backend) -> Result<(bool, Option<String>), Box<dyn std::error::Error>> {
+/// note saying why the CPU reference runs instead (and which flags it leaves unused).
+fn choose_backend(args: &RunArgs) -> Result<(bool, Option<String>), Box<dyn std::error::Error>> {
+    if let Backend::Cpu = args.backend {
+        return Ok((false, None));
+    }
     // A missing driver is "no GPU" too; `megamoe info` says what was looked for.
-    let gpus = megamoe_cuda::device_count();
-    Ok(match (backend, gpus) {
-        (Backend::Cpu, _) => (false, None),
-        (Backend::Gpu | Backend::Auto, Ok(n)) if n > 0 => (true, None),
-        (Backend::Gpu, Ok(_)) => return Err("--backend gpu: no GPU is visible".into()),
-        (Backend::Gpu, Err(e)) => return Err(format!("--backend gpu: {e}").into()),
-        (Backend::Auto, _) => (false, Some("no GPU: running the CPU reference".to_string())),
-    })
+    let cause = match megamoe_cuda::device_count() {
+        Ok(n) if n > 0 => return Ok((true, None)),
+        Ok(_) => "the driver reports no GPU".to_string(),
+        Err(e) => e.to_string(),
+    };
+    if let Backend::Gpu = args.backend {
+        return Err(format!("--backend gpu: no GPU can be used: {cause}").into());
+    }
+    let unused: Vec<&str> = [
+        args.kernel.map(|_| "--kernel"),
+        args.check.then_some("--check"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let unused = if unused.is_empty() {
+        String::new()
+    } else {
+        let verb = if unused.len() == 1 {
+            "applies"
+        } else {
+            "apply"
+        };
+        format!(" ({} {verb} to the GPU layer only)", unused.join(" and "))
+    };
+    Ok((
+        false,
+        Some(format!(
+            "no GPU ({cause}){unused}: running the CPU reference"
+        )),
+    ))
+}
+
+/// "1 rank", "2 ranks".
+fn plural(n: usize, noun: &str) -> String {
+    match n {
+        1 => format!("1 {noun}"),
+        _ => format!("{n} {noun}s"),
+    }
 }
 
 fn print_table(r: &RunReport, shape: &megamoe_core::Shape) {
     println!(
-        "megamoe run: {} (H {}, I {}, E {}, top-{}), {} ranks x {} tokens, G {}, backend {}{}",
+        "megamoe run: {} (H {}, I {}, E {}, top-{}), {} x {}, G {}, backend {}{}",
         r.preset,
         shape.hidden,
         shape.inter,
         shape.experts,
         shape.topk,
-        r.ranks,
-        r.tokens_per_rank,
+        plural(r.ranks, "rank"),
+        plural(r.tokens_per_rank, "token"),
         r.group,
         r.backend,
         r.kernel.map_or(String::new(), |k| format!(" ({k})"))

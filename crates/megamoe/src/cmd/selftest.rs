@@ -14,13 +14,7 @@ pub struct Args {
 }
 
 pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
-    match megamoe_cuda::device_count() {
-        Ok(0) => {
-            return Err("no GPU: `megamoe selftest` needs a CUDA GPU (none is visible)".into())
-        }
-        Err(e) => return Err(format!("no GPU: {e}").into()),
-        Ok(_) => {}
-    }
+    super::require_gpu("selftest")?;
     let mut checks = megamoe_cuda::selftest::checks();
     checks.extend(megamoe_gemm::checks::gpu_checks(&Rc::new(Gpu::new(0)?)));
     checks.extend(megamoe_ep::selftest::gpu_checks());

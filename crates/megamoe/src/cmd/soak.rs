@@ -21,21 +21,27 @@ use megamoe_layer::inputs::bf16_inputs;
 use megamoe_layer::selftest::MAX_DIFF;
 use megamoe_layer::{Kind, LayerSpec, MoeLayer};
 
+use crate::args;
 use crate::progress::Progress;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Stop after this many forward calls (both kinds counted).
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = 2000, value_parser = args::count(&args::CALLS),
+          allow_hyphen_values = true,
+          help = args::help("Stop after this many forward calls (both kinds counted)", &args::CALLS))]
     pub calls: usize,
-    /// Stop after this many seconds, whichever comes first.
-    #[arg(long, default_value_t = 300)]
-    pub seconds: u64,
-    /// Check both kinds against the CPU reference every n-th round (1: every round).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 300, value_parser = args::count(&args::SECONDS),
+          allow_hyphen_values = true,
+          help = args::help("Stop after this many seconds, whichever comes first", &args::SECONDS))]
+    pub seconds: usize,
+    #[arg(long, default_value_t = 4, value_parser = args::count(&args::REFERENCE_EVERY),
+          allow_hyphen_values = true,
+          help = args::help(
+              "Check both kinds against the CPU reference every n-th round (1: every round)",
+              &args::REFERENCE_EVERY))]
     pub reference_every: usize,
-    /// Seed of the weights and of every random choice.
-    #[arg(long, default_value_t = 0)]
+    /// Seed of the weights and of every random choice (any u64).
+    #[arg(long, default_value_t = 0, value_parser = args::seed, allow_hyphen_values = true)]
     pub seed: u64,
 }
 
@@ -247,27 +253,8 @@ fn memory(gpu: &Gpu) -> Result<(i64, i64), String> {
     ))
 }
 
-/// Checks the arguments (each error names its flag).
-fn check_args(args: &Args) -> Result<(), String> {
-    for (flag, value) in [
-        ("--calls", args.calls as u64),
-        ("--seconds", args.seconds),
-        ("--reference-every", args.reference_every as u64),
-    ] {
-        if value == 0 {
-            return Err(format!("{flag} must be at least 1"));
-        }
-    }
-    Ok(())
-}
-
 pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
-    check_args(args)?;
-    match megamoe_cuda::device_count() {
-        Ok(0) => return Err("no GPU: `megamoe soak` needs a CUDA GPU (none is visible)".into()),
-        Err(e) => return Err(format!("no GPU: {e}").into()),
-        Ok(_) => {}
-    }
+    super::require_gpu("soak")?;
     let gpu = Gpu::new(0)?;
     let start = Instant::now();
     let mut setups = setups(args.seed)?;
@@ -289,7 +276,7 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut rng = SplitMix64::new(args.seed);
     let mut fig = Figures::default();
     let progress = Progress::new("soak");
-    let budget = Duration::from_secs(args.seconds);
+    let budget = Duration::from_secs(args.seconds as u64);
     // (per mille of the soak done, device free, host RSS) after the first round of every setup
     // and at every tenth.
     let mut samples: Vec<(usize, i64, i64)> = Vec::new();
@@ -420,30 +407,6 @@ mod tests {
         assert!(second_half_growth(&leak[..6], &leak[6..]) > MAX_GROWTH_BYTES);
         // Memory given back: no growth.
         assert!(second_half_growth(&[300, 310], &[200, 210]) < 0);
-    }
-
-    #[test]
-    fn a_zero_argument_is_an_error_naming_its_flag() {
-        let ok = Args {
-            calls: 1,
-            seconds: 1,
-            reference_every: 1,
-            seed: 0,
-        };
-        assert!(check_args(&ok).is_ok());
-        for (args, flag) in [
-            (Args { calls: 0, ..ok }, "--calls"),
-            (Args { seconds: 0, ..ok }, "--seconds"),
-            (
-                Args {
-                    reference_every: 0,
-                    ..ok
-                },
-                "--reference-every",
-            ),
-        ] {
-            assert!(check_args(&args).unwrap_err().contains(flag));
-        }
     }
 
     #[test]

@@ -7,9 +7,10 @@ One rank (world size 1), the EP8-rank proxies (flash with 32 experts, pro with 4
 buffers for 8192 tokens, a decode batch of `--tokens` tokens with num_tokens_bound = that batch,
 uniformly random distinct experts. Per preset:
 
-- host µs per call, eager: the wall time of `--calls` calls made back to back without waiting
-  (the GPU runs behind; the queue never fills at these counts), over the calls: megamoe.deep_gemm's
-  fp8_mega_moe (fused buffer, FP8 staging tensors), MoELayer.forward given y (FP8 input), and for
+- host µs per call, eager: the median over `--calls` calls, each timed alone, the GPU drained
+  every 4 calls outside the timing (so a full launch queue never blocks a call): megamoe.deep_gemm's
+  fp8_mega_moe (fused buffer, FP8 staging tensors), the native call under it alone (its arguments
+  prepared once: the rest is Python's checks), MoELayer.forward given y (FP8 input), and for
   comparison MoELayer.forward without y (values checked on the host, synchronizes);
 - host µs per graph replay: CUDAGraph.replay() of one captured decode step (fp8_mega_moe), the
   same way;
@@ -39,15 +40,19 @@ CAPACITY = 8192
 
 
 def host_us(call, calls):
-    """Host µs per call of `calls` calls back to back (after a synchronized warm-up call)."""
+    """Host µs of one call: the median over `calls` calls, each timed alone, the GPU drained
+    every few calls (outside the timing) so that a full launch queue never blocks one."""
     call()
     torch.cuda.synchronize()
-    t0 = time.perf_counter_ns()
-    for _ in range(calls):
+    times = []
+    for i in range(calls):
+        t0 = time.perf_counter_ns()
         call()
-    elapsed = time.perf_counter_ns() - t0
+        times.append(time.perf_counter_ns() - t0)
+        if i % 4 == 3:
+            torch.cuda.synchronize()
     torch.cuda.synchronize()
-    return elapsed / calls / 1e3
+    return statistics.median(times) / 1e3
 
 
 def replay_device_us(graph, calls):
@@ -107,6 +112,12 @@ def measure(preset, tokens, calls):
     layer = buffer.layer
     out["forward_y_host_us"] = host_us(
         lambda: layer.forward((qx, sx), idx, w, num_tokens_bound=tokens, y=y), calls)
+    # The native call alone, its arguments prepared once: what the Python checks add on top.
+    x_ptr, xsf_ptr, idx_ptr, w_ptr = buffer._staging
+    staged = [(tokens, x_ptr, xsf_ptr, idx_ptr, True, w_ptr, y.data_ptr(), None)]
+    streams = [torch.cuda.current_stream().cuda_stream]
+    out["native_launch_host_us"] = host_us(
+        lambda: layer._native.launch(staged, tokens, streams), calls)
     out["forward_sync_host_us"] = host_us(
         lambda: layer.forward((qx, sx), idx, w, num_tokens_bound=tokens), max(calls // 10, 5))
     layer.check()
@@ -134,12 +145,14 @@ def main():
     p.add_argument("--calls", type=int, default=200)
     args = p.parse_args()
     rows = [measure(preset, args.tokens, args.calls) for preset in args.presets.split(",")]
-    print(f"| preset | T | fp8_mega_moe host µs | forward(y) host µs | forward (sync) µs | "
+    print(f"| preset | T | fp8_mega_moe host µs | native launch µs | forward(y) host µs | "
+          f"forward (sync) µs | "
           f"replay host µs | replay device µs | fused kernel µs | staging kernel µs | "
           f"step kernels µs (n) | replay / fused kernel |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['preset']} | {r['tokens']} | {r['fp8_mega_moe_host_us']:.1f} | "
+              f"{r['native_launch_host_us']:.1f} | "
               f"{r['forward_y_host_us']:.1f} | {r['forward_sync_host_us']:.1f} | "
               f"{r['replay_host_us']:.1f} | {r['replay_device_us']:.1f} | "
               f"{r['fused_kernel_us']:.1f} | {r['stage_kernel_us']:.1f} | "

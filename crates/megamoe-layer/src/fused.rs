@@ -758,10 +758,13 @@ impl FusedLayer {
         check_bound(&s, &tokens, num_tokens_bound)?;
         let bound = num_tokens_bound.unwrap_or(self.layout.ring.t_cap);
         let (lag_units, ring_slots) = self.order(bound);
-        let (x, xs) = (region(&self.layout, "x"), region(&self.layout, "x_scales"));
-        let (ids, weights) = (
-            region(&self.layout, "topk_idx"),
-            region(&self.layout, "topk_weights"),
+        // The input regions' offsets, as every rank's kernel parameters hold them.
+        let r0 = &self.ranks[0].params.r;
+        let (x, xs, ids, weights) = (
+            r0.off_x,
+            r0.off_x_scales,
+            r0.off_topk_idx,
+            r0.off_topk_weights,
         );
         let single = self.ranks.len() == 1;
         if single && self.caller.as_ref().map(|c| c.0) != Some(streams[0]) {

@@ -8,16 +8,18 @@ buffers for 8192 tokens, a decode batch of `--tokens` tokens with num_tokens_bou
 uniformly random distinct experts. Per preset:
 
 - host µs per call, eager: the median over `--calls` calls, each timed alone, the GPU drained
-  every 4 calls outside the timing (so a full launch queue never blocks a call): megamoe.deep_gemm's
+  every 4 calls outside the timing (so a full launch queue never blocks a call; fp8_mega_moe also
+  with the GPU idle at every call): megamoe.deep_gemm's
   fp8_mega_moe (fused buffer, FP8 staging tensors), the native call under it alone (its arguments
   prepared once: the rest is Python's checks), MoELayer.forward given y (FP8 input), and for
   comparison MoELayer.forward without y (values checked on the host, synchronizes);
 - host µs per graph replay: CUDAGraph.replay() of one captured decode step (fp8_mega_moe), the
   same way;
-- device µs per replay (CUDA events around `--calls` replays back to back) against the layer's
-  kernel time in the same replays (the profiler's kernel durations per replay: the fused kernel,
-  the staging kernel before it, every kernel of the step); the target is a pro replay within 2 %
-  of the layer's kernel time (both ratios are printed).
+- device µs per replay: CUDA events around `--calls` replays back to back, and the replay's
+  period in 50 profiled replays (one replay's first kernel start to the next's), against the
+  layer's kernel time in those same replays (the profiler's durations: the fused kernel, the
+  staging kernel before it, every kernel of the step); the ratios use the period, so both sides
+  come from one loop. The target is a pro replay within 2 % of the layer's kernel time.
 
 Prints a markdown table and one JSON line per preset.
 """
@@ -39,9 +41,10 @@ PRESETS = {"flash": (4096, 2048, 32, 6), "pro": (7168, 3072, 48, 6)}
 CAPACITY = 8192
 
 
-def host_us(call, calls):
+def host_us(call, calls, drain=4):
     """Host µs of one call: the median over `calls` calls, each timed alone, the GPU drained
-    every few calls (outside the timing) so that a full launch queue never blocks one."""
+    every `drain` calls (outside the timing) so that a full launch queue never blocks one
+    (drain=1: every call finds the GPU idle)."""
     call()
     torch.cuda.synchronize()
     times = []
@@ -49,7 +52,7 @@ def host_us(call, calls):
         t0 = time.perf_counter_ns()
         call()
         times.append(time.perf_counter_ns() - t0)
-        if i % 4 == 3:
+        if i % drain == drain - 1:
             torch.cuda.synchronize()
     torch.cuda.synchronize()
     return statistics.median(times) / 1e3
@@ -68,8 +71,10 @@ def replay_device_us(graph, calls):
 
 
 def kernel_us(graph, calls):
-    """Per replay: (fused kernel µs, staging kernel µs, every kernel's µs, kernels per replay),
-    medians over `calls` profiled replays."""
+    """Per replay, medians over `calls` replays back to back under the profiler: (the replay's
+    period, from one replay's first kernel start to the next's; the fused kernel's duration; the
+    staging kernel's; every kernel's of the replay; kernels per replay). Period and kernels come
+    from the same replays, so a clock that drifts between loops moves both."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -86,7 +91,10 @@ def kernel_us(graph, calls):
     stage = [k["dur"] for k in kernels if k["name"] == "layer_stage"]
     per_step = len(kernels) // calls
     steps = [sum(k["dur"] for k in kernels[i * per_step:(i + 1) * per_step]) for i in range(calls)]
-    return statistics.median(fused), statistics.median(stage), statistics.median(steps), per_step
+    starts = [kernels[i * per_step]["ts"] for i in range(calls)]
+    period = statistics.median(b - a for a, b in zip(starts, starts[1:]))
+    return (period, statistics.median(fused), statistics.median(stage), statistics.median(steps),
+            per_step)
 
 
 def measure(preset, tokens, calls):
@@ -109,6 +117,7 @@ def measure(preset, tokens, calls):
 
     out = dict(preset=f"{preset}/{e}", tokens=tokens)
     out["fp8_mega_moe_host_us"] = host_us(step, calls)
+    out["fp8_mega_moe_idle_host_us"] = host_us(step, max(calls // 4, 10), drain=1)
     layer = buffer.layer
     out["forward_y_host_us"] = host_us(
         lambda: layer.forward((qx, sx), idx, w, num_tokens_bound=tokens, y=y), calls)
@@ -127,12 +136,12 @@ def measure(preset, tokens, calls):
     with torch.cuda.graph(graph):
         step()
     out["replay_host_us"] = host_us(graph.replay, calls)
-    out["replay_device_us"] = replay_device_us(graph, calls)
-    fused, stage, every, per_step = kernel_us(graph, min(calls, 50))
-    out.update(fused_kernel_us=fused, stage_kernel_us=stage, step_kernels_us=every,
-               kernels_per_step=per_step)
-    out["replay_over_fused_kernel"] = out["replay_device_us"] / fused
-    out["replay_over_step_kernels"] = out["replay_device_us"] / every
+    out["replay_events_us"] = replay_device_us(graph, calls)
+    period, fused, stage, every, per_step = kernel_us(graph, min(calls, 50))
+    out.update(replay_period_us=period, fused_kernel_us=fused, stage_kernel_us=stage,
+               step_kernels_us=every, kernels_per_step=per_step)
+    out["replay_over_fused_kernel"] = period / fused
+    out["replay_over_step_kernels"] = period / every
     layer.check()
     del graph, buffer, layer
     torch.cuda.empty_cache()
@@ -146,16 +155,19 @@ def main():
     p.add_argument("--calls", type=int, default=200)
     args = p.parse_args()
     rows = [measure(preset, args.tokens, args.calls) for preset in args.presets.split(",")]
-    print(f"| preset | T | fp8_mega_moe host µs | native launch µs | forward(y) host µs | "
-          f"forward (sync) µs | "
-          f"replay host µs | replay device µs | fused kernel µs | staging kernel µs | "
+    print(f"| preset | T | fp8_mega_moe host µs | same, GPU idle | native launch µs | "
+          f"forward(y) host µs | forward (sync) µs | "
+          f"replay host µs | replay µs (events) | replay period µs | fused kernel µs | "
+          f"staging kernel µs | "
           f"step kernels µs (n) | replay / fused kernel | replay / step kernels |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['preset']} | {r['tokens']} | {r['fp8_mega_moe_host_us']:.1f} | "
+              f"{r['fp8_mega_moe_idle_host_us']:.1f} | "
               f"{r['native_launch_host_us']:.1f} | "
               f"{r['forward_y_host_us']:.1f} | {r['forward_sync_host_us']:.1f} | "
-              f"{r['replay_host_us']:.1f} | {r['replay_device_us']:.1f} | "
+              f"{r['replay_host_us']:.1f} | {r['replay_events_us']:.1f} | "
+              f"{r['replay_period_us']:.1f} | "
               f"{r['fused_kernel_us']:.1f} | {r['stage_kernel_us']:.1f} | "
               f"{r['step_kernels_us']:.1f} ({r['kernels_per_step']}) | "
               f"{r['replay_over_fused_kernel']:.4f} | {r['replay_over_step_kernels']:.4f} |")

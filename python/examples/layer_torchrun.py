@@ -74,7 +74,7 @@ def check(layer: megamoe.MoELayer, seed: int = 0, process_group=None):
     same = torch.equal(y.cpu().view(torch.int16), ys[rank].cpu().view(torch.int16))
     del every
 
-    want = ref.moe_forward(x, idx, w, *(t.to(dev) for t in full), group=layer.group, clamp=layer.clamp)
+    want = ref.moe_forward(x, idx, w, *(t.to(dev) for t in full), group=layer.scale_granularity, clamp=layer.clamp)
     return same, ref.diff(y, want), x.shape[0]
 
 

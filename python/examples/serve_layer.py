@@ -48,7 +48,7 @@ def main():
     print(f"{args.kind}: {args.tokens} tokens, {start.elapsed_time(stop) / 10:.2f} ms per forward "
           "(host checks and copies included)")
 
-    want = ref.moe_forward(x, topk_idx, topk_weights, *weights, group=layer.group)
+    want = ref.moe_forward(x, topk_idx, topk_weights, *weights, group=layer.scale_granularity)
     d = ref.diff(y, want)
     print(f"diff against the PyTorch reference: {d:.2e} (SPEC's contract: <= 1e-4)")
     assert d <= 1e-4

@@ -24,18 +24,22 @@ def address(name, t, dtypes, shape, device):
         raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in dtypes:
         raise ValueError(f"{name}: dtype {t.dtype}, expected {' or '.join(map(str, dtypes))}")
-    if t.device.type != "cuda" or t.device.index != device:
+    if t.get_device() != device:  # -1 off CUDA; cheaper than building t.device
         raise ValueError(f"{name}: on {t.device}, expected cuda:{device}")
     if t.dim() != len(shape) or any(w is not None and g != w for g, w in zip(t.shape, shape)):
         want = ", ".join("*" if w is None else str(w) for w in shape)
         raise ValueError(f"{name}: shape {tuple(t.shape)}, expected ({want})")
     if not t.is_contiguous():
         raise ValueError(f"{name}: must be contiguous (strides {t.stride()}); call .contiguous()")
-    if t.data_ptr() % 16:
-        raise ValueError(f"{name}: its data must start 16-byte aligned (address {t.data_ptr():#x})")
-    return t.data_ptr()
+    ptr = t.data_ptr()
+    if ptr % 16:
+        raise ValueError(f"{name}: its data must start 16-byte aligned (address {ptr:#x})")
+    return ptr
 
 
 def stream(device):
-    """The caller's current CUDA stream on `device`, as the driver's handle."""
-    return torch().cuda.current_stream(device).cuda_stream
+    """The caller's current CUDA stream on `device`, as the driver's handle (torch's raw query
+    where it has one: it builds no Stream object, a microsecond a call)."""
+    th = torch()
+    raw = getattr(th._C, "_cuda_getCurrentRawStream", None)
+    return raw(device) if raw is not None else th.cuda.current_stream(device).cuda_stream

@@ -9,23 +9,50 @@ with ``process_group``): it then loads this rank's experts alone and ``forward``
 this rank's tensors alone.
 
 Tensors cross by address (no libtorch link); each is checked here (dtype, shape, device,
-contiguity, alignment) and its values in Rust, before anything is written. ``forward`` reads
-``topk_idx`` and ``topk_weights`` back to the host for those checks (T x K values each) and
-returns once the layer's kernels are done, with ``y`` written.
+contiguity, alignment) before anything is written. ``forward`` without ``y`` also checks the
+values in Rust: it reads ``topk_idx`` and ``topk_weights`` back to the host (T x K values each)
+and returns once the layer's kernels are done, with a new ``y`` written. ``forward`` given ``y``
+(the fused kind) only queues the call on the caller's stream: no host synchronization, so a CUDA
+graph captures it; the device checks the values instead, and a later call or :meth:`check`
+reports what it found.
 """
+
+import warnings
 
 from . import _megamoe
 from ._dist import process_rank
 from ._tensors import address, stream, torch
 
 
+def scale_granularity_of(scale_granularity, group):
+    """``scale_granularity``, or the value of the keyword it replaces, ``group`` (kept for one
+    release with a DeprecationWarning: a process group is what the name suggests)."""
+    if group is None:
+        return scale_granularity
+    warnings.warn("group= is renamed scale_granularity= (columns per scale of the intermediate); "
+                  "group= goes away in the next release", DeprecationWarning, stacklevel=3)
+    if scale_granularity is not None and scale_granularity != group:
+        raise ValueError(f"group: {group} contradicts scale_granularity {scale_granularity} "
+                         "(group is its deprecated name; pass scale_granularity alone)")
+    return group
+
+
+def refuse_capture(arg, remedy):
+    """A call that reads values back to the host cannot be captured in a CUDA graph: a
+    RuntimeError naming ``arg`` and the ``remedy`` when the current stream is capturing."""
+    if torch().cuda.is_current_stream_capturing():
+        raise RuntimeError(f"{arg}: this call reads the routing back to the host, which a CUDA "
+                           f"graph cannot capture; {remedy}")
+
+
 class MoELayer:
     """The layer of ``num_ranks`` ranks (real or virtual: rank r runs on CUDA device r modulo the
     visible devices) for tokens of ``hidden`` columns routed to ``num_topk`` of ``num_experts``
     experts of ``intermediate_hidden`` columns, at most ``num_max_tokens_per_rank`` tokens per
-    rank and call. ``kind``: "fused" (one persistent kernel, the default) or "split"; ``group``:
-    columns per scale of the re-quantized intermediate (64 or 128, None: SPEC's default);
-    ``clamp``: the optional SwiGLU clamp.
+    rank and call. ``kind``: "fused" (one persistent kernel, the default) or "split";
+    ``scale_granularity``: columns per scale of the re-quantized intermediate (64 or 128, None:
+    SPEC's default; ``group``, its old name, still works with a DeprecationWarning); ``clamp``:
+    the optional SwiGLU clamp.
 
     Raises ValueError naming the argument for a shape the kernels do not take, RuntimeError when
     no CUDA GPU can be used. The memory is allocated by :meth:`load_weights`
@@ -34,14 +61,16 @@ class MoELayer:
     """
 
     def __init__(self, num_ranks, num_experts, num_max_tokens_per_rank, num_topk, hidden,
-                 intermediate_hidden, kind="fused", group=None, clamp=None):
+                 intermediate_hidden, kind="fused", scale_granularity=None, clamp=None, *,
+                 group=None):
+        gran = scale_granularity_of(scale_granularity, group)
         self._attach(_megamoe.Layer(num_ranks, num_experts, num_max_tokens_per_rank, num_topk,
-                                    hidden, intermediate_hidden, kind, group, clamp))
+                                    hidden, intermediate_hidden, kind, gran, clamp))
 
     @classmethod
     def for_process_group(cls, num_experts, num_max_tokens_per_rank, num_topk, hidden,
-                          intermediate_hidden, kind="fused", group=None, clamp=None,
-                          process_group=None):
+                          intermediate_hidden, kind="fused", scale_granularity=None, clamp=None,
+                          process_group=None, *, group=None):
         """This process's rank of a layer of one process per rank (either kind): rank
         ``dist.get_rank(process_group)`` of ``dist.get_world_size(process_group)`` ranks
         (``process_group``: a torch.distributed process group, the default one when None), on
@@ -50,22 +79,40 @@ class MoELayer:
         with its own experts, then :meth:`forward` with its own tokens, each in the same order;
         the symmetric buffers' CUDA IPC handles are exchanged with ``all_gather_object`` when
         the weights are loaded (any backend: gloo, or nccl with one GPU per process). The other
-        arguments are :class:`MoELayer`'s (``group`` is the intermediate's scale granularity);
-        bad ones raise ValueError naming them before any GPU memory is allocated or anything
-        exchanged (``num_ranks`` is the group's size)."""
+        arguments are :class:`MoELayer`'s; bad ones raise ValueError naming them before any GPU
+        memory is allocated or anything exchanged (``num_ranks`` is the group's size)."""
+        gran = scale_granularity_of(scale_granularity, group)
         rank, size, all_gather, device = process_rank(process_group, "process_group")
+        return cls.of_rank(rank, device, all_gather, size, num_experts, num_max_tokens_per_rank,
+                           num_topk, hidden, intermediate_hidden, kind, gran, clamp)
+
+    @classmethod
+    def of_rank(cls, rank, device, all_gather, num_ranks, num_experts, num_max_tokens_per_rank,
+                num_topk, hidden, intermediate_hidden, kind="fused", scale_granularity=None,
+                clamp=None):
+        """Rank ``rank`` of a world of ``num_ranks`` processes on CUDA device ``device``, its
+        symmetric buffers' handles exchanged by ``all_gather(bytes) -> list[bytes]`` (called by
+        every process in the same order): :meth:`for_process_group` without torch.distributed
+        (a world of one process: ``all_gather=lambda mine: [mine]``)."""
         layer = cls.__new__(cls)
         layer._attach(_megamoe.Layer.for_rank(
-            rank, device, all_gather, size, num_experts, num_max_tokens_per_rank, num_topk,
-            hidden, intermediate_hidden, kind, group, clamp))
+            rank, device, all_gather, num_ranks, num_experts, num_max_tokens_per_rank, num_topk,
+            hidden, intermediate_hidden, kind, scale_granularity, clamp))
         return layer
 
     def _attach(self, native):
         self._native = native
         (self.num_ranks, self.num_experts, self.num_max_tokens_per_rank, self.num_topk,
-         self.hidden, self.intermediate_hidden, self.kind, self.group,
+         self.hidden, self.intermediate_hidden, self.kind, self.scale_granularity,
          self.clamp) = native.spec()
         self.ranks = list(native.local_ranks())
+
+    @property
+    def group(self):
+        """Deprecated name of :attr:`scale_granularity`."""
+        warnings.warn("MoELayer.group is renamed scale_granularity", DeprecationWarning,
+                      stacklevel=2)
+        return self.scale_granularity
 
     def device(self, rank=None):
         """The CUDA device index rank ``rank`` runs on (None: this process's first rank)."""
@@ -95,7 +142,7 @@ class MoELayer:
         ]
         self._native.load_weights(*ptrs, device, stream(device))
 
-    def forward(self, x, topk_idx, topk_weights, num_tokens_bound=None):
+    def forward(self, x, topk_idx, topk_weights, num_tokens_bound=None, y=None):
         """y = the MoE layer of x (SPEC §3). Per rank: ``x`` bfloat16 [T, H], or already
         quantized as a tuple (float8_e4m3fn [T, H], float32 scales [T, H/128]); ``topk_idx``
         int32 or int64 [T, K], experts in [0, E) or -1 for a masked slot; ``topk_weights``
@@ -103,25 +150,62 @@ class MoELayer:
         (``num_ranks`` 1, or one rank per process) each argument is a tensor and y a bfloat16
         [T, H] tensor; with several, each is a list of one per rank of ``ranks`` and so is y.
         ``num_tokens_bound``: at least every rank's T, at most num_max_tokens_per_rank (None:
-        the capacity's plan); with one rank per process every process passes the same one."""
+        the capacity's plan); with one rank per process every process passes the same one.
+
+        Without ``y``: the values are checked on the host first (a bad one raises ValueError
+        naming it and nothing is written), and the call returns once a new y is written.
+
+        Given ``y`` (bfloat16 [T, H] per rank, written; returned), the fused kind queues the call
+        on each rank's current stream and returns at once: nothing is read back, nothing
+        allocated, so ``torch.cuda.graph`` captures it (the tensors' addresses are then the
+        graph's: replays read whatever they hold). Shapes, dtypes and devices are still checked
+        here. The values are checked on the device: a token whose ``topk_idx`` row names an
+        expert outside [-1, E) or one expert twice, or whose routed slot's ``topk_weights``
+        entry is NaN or infinite, gets a zero row in ``y``; every other token's row is what a
+        clean call writes. The first such slot is reported as a ValueError naming
+        ``topk_idx`` or ``topk_weights`` (and the rank) by the next ``forward`` (which then
+        runs nothing) or by :meth:`check`; the layer stays usable. The split kind reads the
+        routing on the host to plan its dispatch: given ``y`` it checks and synchronizes as
+        without, and writes ``y``."""
         n = len(self.ranks)
         single = n == 1
         per_rank = {"x": x, "topk_idx": topk_idx, "topk_weights": topk_weights}
+        if y is not None:
+            per_rank["y"] = y
         if single:
             per_rank = {name: [v] for name, v in per_rank.items()}
         for name, v in per_rank.items():
             if not isinstance(v, (list, tuple)) or len(v) != n:
                 raise ValueError(f"{name}: expected a list of {n} per-rank values")
+        ys = per_rank.get("y", [None] * n)
         calls = [self._rank_tensors(r, per_rank["x"][j], per_rank["topk_idx"][j],
-                                    per_rank["topk_weights"][j])
+                                    per_rank["topk_weights"][j], ys[j])
                  for j, r in enumerate(self.ranks)]
-        streams = [stream(self.device(r)) for r in self.ranks]
-        self._native.forward([args for args, _ in calls], num_tokens_bound, streams)
-        ys = [y for _, y in calls]
+        tensors = [args for args, _ in calls]
+        if y is not None and self.kind == "fused":
+            self._native.launch(tensors, num_tokens_bound, self._current_streams())
+        else:
+            refuse_capture(*(("y", "pass y") if self.kind == "fused" else
+                             ("kind", "the fused kind given y queues its calls")))
+            self._native.forward(tensors, num_tokens_bound, self._current_streams())
+        ys = [out for _, out in calls]
         return ys[0] if single else ys
 
-    def _rank_tensors(self, r, x, topk_idx, topk_weights):
-        """Rank r's checked arguments as the native call takes them, and its fresh y."""
+    def check(self):
+        """Waits for the devices of this process's ranks (every stream, graph replays included)
+        and raises what the device found since the last check: a ValueError naming the rank and
+        ``topk_idx`` or ``topk_weights`` for the first bad value of a call given ``y``, or
+        ``num_tokens_bound`` for bounds that differed between ranks (no rank ran that call); a
+        RuntimeError for a device wait past its deadline (the layer must then be rebuilt)."""
+        self._native.check()
+
+    def _current_streams(self):
+        """Each local rank's device's current stream (the caller's), as driver handles."""
+        return [stream(self.device(r)) for r in self.ranks]
+
+    def _rank_tensors(self, r, x, topk_idx, topk_weights, y=None):
+        """Rank r's checked arguments as the native call takes them, and its y (``y`` checked,
+        or a new one)."""
         th = torch()
         h, k, device = self.hidden, self.num_topk, self.device(r)
         at = "" if len(self.ranks) == 1 else f"[{r}]"
@@ -140,26 +224,30 @@ class MoELayer:
                              f"{self.num_max_tokens_per_rank}")
         idx_ptr = address(f"topk_idx{at}", topk_idx, (th.int32, th.int64), (tokens, k), device)
         w_ptr = address(f"topk_weights{at}", topk_weights, th.float32, (tokens, k), device)
-        y = th.empty((tokens, h), dtype=th.bfloat16, device=f"cuda:{device}")
+        if y is None:
+            y = th.empty((tokens, h), dtype=th.bfloat16, device=f"cuda:{device}")
+        y_ptr = address(f"y{at}", y, th.bfloat16, (tokens, h), device)
         is_64 = topk_idx.dtype == th.int64
-        return (tokens, x_ptr, scales_ptr, idx_ptr, is_64, w_ptr, y.data_ptr()), y
+        return (tokens, x_ptr, scales_ptr, idx_ptr, is_64, w_ptr, y_ptr, None), y
 
 
 def get_symm_buffer_for_mega_moe(num_ranks, num_experts, num_max_tokens_per_rank, num_topk, hidden,
-                                 intermediate_hidden, kind="fused", group=None, clamp=None,
-                                 process_group=None):
-    """DeepGEMM's entry point, here with ``num_ranks`` (ranks of this process) for its group: an
-    :class:`MoELayer`. With ``process_group`` (a torch.distributed process group, e.g.
-    ``dist.group.WORLD``), this process's one rank of a layer of one process per rank
-    (:meth:`MoELayer.for_process_group`); ``num_ranks`` is then the group's size (None takes
-    it)."""
+                                 intermediate_hidden, kind="fused", scale_granularity=None,
+                                 clamp=None, process_group=None, *, group=None):
+    """An :class:`MoELayer`, with ``num_ranks`` (ranks of this process) where DeepGEMM's function
+    of this name takes a process group (``megamoe.deep_gemm`` has DeepGEMM's signature). With
+    ``process_group`` (a torch.distributed process group, e.g. ``dist.group.WORLD``), this
+    process's one rank of a layer of one process per rank (:meth:`MoELayer.for_process_group`);
+    ``num_ranks`` is then the group's size (None takes it). ``group``: the deprecated name of
+    ``scale_granularity``."""
+    gran = scale_granularity_of(scale_granularity, group)
     if process_group is None:
         return MoELayer(num_ranks, num_experts, num_max_tokens_per_rank, num_topk, hidden,
-                        intermediate_hidden, kind, group, clamp)
+                        intermediate_hidden, kind, gran, clamp)
     import torch.distributed as dist
 
     size = dist.get_world_size(process_group)
     if num_ranks is not None and num_ranks != size:
         raise ValueError(f"num_ranks: {num_ranks}, but the process group has {size} ranks")
     return MoELayer.for_process_group(num_experts, num_max_tokens_per_rank, num_topk, hidden,
-                                      intermediate_hidden, kind, group, clamp, process_group)
+                                      intermediate_hidden, kind, gran, clamp, process_group)

@@ -106,8 +106,8 @@ def test_reference_bad_arguments(args, arg):
 
 
 def test_group_and_clamp_are_taken():
-    base = megamoe.get_symm_buffer_size(**flash(kind="split", group=128))
-    g64 = megamoe.get_symm_buffer_size(**flash(kind="split", group=64))
+    base = megamoe.get_symm_buffer_size(**flash(kind="split", scale_granularity=128))
+    g64 = megamoe.get_symm_buffer_size(**flash(kind="split", scale_granularity=64))
     # Twice the intermediate's scales at G = 64.
     assert g64["local_bytes"] > base["local_bytes"]
     assert megamoe.get_symm_buffer_size(**flash(clamp=10.0)) == megamoe.get_symm_buffer_size(**flash())
@@ -125,8 +125,8 @@ def test_group_and_clamp_are_taken():
         (dict(num_experts=0), "num_experts"),
         (dict(num_max_tokens_per_rank=0), "num_max_tokens_per_rank"),
         (dict(num_max_tokens_per_rank=2**33), "num_max_tokens_per_rank"),  # past u32
-        (dict(group=96), "group"),
-        (dict(group=32), "group"),
+        (dict(scale_granularity=96), "scale_granularity"),
+        (dict(scale_granularity=32), "scale_granularity"),
         (dict(clamp=-1.0), "clamp"),
         (dict(clamp=float("nan")), "clamp"),
         (dict(kind="both"), "kind"),

@@ -53,7 +53,7 @@ def case(request):
     h, i, e, k = (shape[n] for n in ("hidden", "intermediate_hidden", "num_experts", "num_topk"))
     weights = ref.random_weights(e, h, i, generator=gen)
     x, idx, w = ref.random_batch(2 * shape["tokens"], h, e, k, masked=0.1, generator=gen)
-    group = megamoe.MoELayer(1, e, 1, k, h, i).group
+    group = megamoe.MoELayer(1, e, 1, k, h, i).scale_granularity
     y = ref.moe_forward(x, idx, w, *weights, group=group)
     return dict(name=request.param, shape=shape, weights=weights, batch=(x, idx, w),
                 reference=y, outputs={})
@@ -132,7 +132,7 @@ def test_fp8_input_an_empty_rank_and_a_bound(tiny):
     empty = x[:0]
     y = layer.forward([(qx, sx), empty], [idx, idx[:0]], [w, w[:0]], num_tokens_bound=64)
     assert y[1].shape == (0, 256)
-    d = ref.diff(y[0], ref.moe_forward(x, idx, w, *weights, group=layer.group))
+    d = ref.diff(y[0], ref.moe_forward(x, idx, w, *weights, group=layer.scale_granularity))
     print(f"tiny fused R=2, e4m3 input, rank 1 empty: diff {d:.2e}")
     assert d <= MAX_DIFF
 

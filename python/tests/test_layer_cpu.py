@@ -38,7 +38,7 @@ def rank_layer(gather, **kw):
         # A group size the experts do not split over.
         (dict(num_ranks=3), "num_ranks"),
         (dict(hidden=100), "hidden"),
-        (dict(group=96), "group"),
+        (dict(scale_granularity=96), "scale_granularity"),
     ],
 )
 def test_a_process_ranks_bad_arguments_are_value_errors_before_any_exchange(bad, name):
@@ -101,7 +101,7 @@ PER_PROCESS = dict(num_experts=16, num_max_tokens_per_rank=64, num_topk=4, hidde
         (dict(kind="both"), "kind"),
         (dict(hidden=100), "hidden"),
         (dict(num_experts=15), "num_experts|num_ranks"),  # 15 experts over 2 ranks
-        (dict(group=96), "group"),
+        (dict(scale_granularity=96), "scale_granularity"),
     ],
 )
 def test_for_process_group_checks_its_arguments_before_any_exchange(fake_dist, bad, name):

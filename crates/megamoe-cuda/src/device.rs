@@ -131,6 +131,24 @@ impl Gpu {
         })
     }
 
+    /// A handle on the same device and context whose stream is `stream`, one another runtime owns
+    /// (a framework's current stream): work queued through it runs in that stream's order with
+    /// no event, and a CUDA graph capturing the stream records it. Dropping the handle leaves the
+    /// stream alive.
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of this device's primary context (or 0, the legacy default
+    /// stream), and stay alive while the handle is used.
+    pub unsafe fn on_stream(&self, stream: u64) -> Gpu {
+        Gpu {
+            ordinal: self.ordinal,
+            ctx: self.ctx.clone(),
+            // SAFETY: the caller's contract.
+            stream: unsafe { self.ctx.wrap_borrowed_stream(stream as sys::CUstream) },
+            props: self.props.clone(),
+        }
+    }
+
     pub fn ordinal(&self) -> usize {
         self.ordinal
     }
@@ -158,6 +176,11 @@ impl Gpu {
     pub fn synchronize(&self) -> Result<()> {
         self.bind()?;
         Ok(self.stream.synchronize()?)
+    }
+
+    /// Waits for everything queued on any stream of this device's context (a framework's too).
+    pub fn synchronize_device(&self) -> Result<()> {
+        Ok(self.ctx.synchronize()?)
     }
 
     /// `bytes` of device memory from `cuMemAlloc` (peer-accessible), contents undefined.

@@ -9,101 +9,22 @@
 //! runs as [`MoeLayer::forward`] does, and each rank's output is copied to the caller's `y`.
 //! Every copy completes before the function returns, so the caller's stream needs no event to
 //! see `y`, and the caller may reuse its input tensors at once.
+//!
+//! [`MoeLayer::launch_device`] (the fused kind): the same call with no host synchronization and
+//! no read of the values, which the device checks instead (src/stage.rs); the work is queued
+//! on the caller's stream itself (a layer of one local rank), or after it and the caller's stream
+//! after it (one event each way), so a CUDA graph captured on the caller's stream records it.
+//! [`MoeLayer::check`] waits and reports what the device found.
 
 use megamoe_core::Error;
-use megamoe_cuda::{DeviceBuffer, Gpu};
 
+use crate::call::{
+    check_lengths, copy_and_wait, Activations, DeviceRankTensors, IndexType, RankInput,
+};
 use crate::error::{LayerError, Result};
+#[cfg(doc)]
+use crate::fused::FusedLayer;
 use crate::layer::MoeLayer;
-use crate::split::{Activations, RankInput};
-
-/// One rank's activations on its GPU: bf16 `[T, H]`, or e4m3 `[T, H]` with f32 scales `[T,
-/// H/128]`.
-#[derive(Clone, Copy, Debug)]
-pub struct DeviceActivations {
-    tokens: usize,
-    x: u64,
-    /// The scales' address for e4m3 rows; None for bf16 rows.
-    scales: Option<u64>,
-}
-
-impl DeviceActivations {
-    /// `tokens` rows at device address `x`: bf16 when `scales` is None, else e4m3 with their
-    /// scales at `scales`.
-    ///
-    /// # Safety
-    /// The addresses must hold the rows (and scales) of that many tokens, in memory the layer's
-    /// GPU can read, and stay allocated and unchanged until the call that reads them returns.
-    pub unsafe fn new(tokens: usize, x: u64, scales: Option<u64>) -> DeviceActivations {
-        DeviceActivations { tokens, x, scales }
-    }
-
-    /// T, the rows.
-    pub fn tokens(&self) -> usize {
-        self.tokens
-    }
-
-    /// Copies the rows into the first of `places` (bf16) or the rows and scales into the other
-    /// two (e4m3), each a buffer of `gpu` and a byte offset, of `hidden` columns; returns
-    /// whether the rows were bf16 (the quantizer must then run first).
-    pub(crate) fn copy_into(
-        &self,
-        gpu: &Gpu,
-        places: [(&DeviceBuffer, usize); 3],
-        hidden: usize,
-    ) -> Result<bool> {
-        let [bf16, rows, scales] = places;
-        let t = self.tokens;
-        let copy = |(buf, offset): (&DeviceBuffer, usize), src, bytes| -> Result<()> {
-            let dst = buf.ptr_at(offset, bytes)?;
-            // SAFETY: the contract of `new` on `src`; the destination lies inside the buffer.
-            unsafe { copy_and_wait(gpu, dst, src, bytes) }
-        };
-        match self.scales {
-            None => copy(bf16, self.x, t * hidden * 2)?,
-            Some(s) => {
-                copy(rows, self.x, t * hidden)?;
-                copy(scales, s, t * hidden / 128 * 4)?;
-            }
-        }
-        Ok(self.scales.is_none())
-    }
-}
-
-/// Copies `bytes` between device addresses on `gpu`'s stream and waits for the copy: the
-/// caller's tensors are free to reuse, and `y` written, once a call returns. The layer's
-/// buffers of a rank are allocated by its GPU handle, so the copy is ordered with their
-/// uploads and launches.
-///
-/// # Safety
-/// As [`Gpu::copy_raw`].
-unsafe fn copy_and_wait(gpu: &Gpu, dst: u64, src: u64, bytes: usize) -> Result<()> {
-    // SAFETY: the caller's contract.
-    unsafe { gpu.copy_raw(dst, src, bytes)? };
-    Ok(gpu.synchronize()?)
-}
-
-/// Integers of `topk_idx` on the device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum IndexType {
-    I32,
-    /// What `torch.topk` returns; each value must fit an i32 (else the call is refused).
-    I64,
-}
-
-/// One rank's tensors of one call on its GPU, by device address (see
-/// [`MoeLayer::forward_device`]).
-#[derive(Clone, Copy, Debug)]
-pub struct DeviceRankTensors {
-    pub x: DeviceActivations,
-    /// `[T, K]` of `topk_idx_type`.
-    pub topk_idx: u64,
-    pub topk_idx_type: IndexType,
-    /// f32 `[T, K]`.
-    pub topk_weights: u64,
-    /// bf16 `[T, H]`, written.
-    pub y: u64,
-}
 
 /// A rank's routing read back to the host.
 struct HostRouting {
@@ -132,15 +53,15 @@ impl MoeLayer {
     ) -> Result<()> {
         let spec = *self.spec();
         let local = self.local_ranks();
-        for (arg, got) in [("inputs", tensors.len()), ("streams", streams.len())] {
-            if got != local.len() {
-                return Err(Error::Length {
-                    arg,
-                    got,
-                    expected: local.len(),
-                }
-                .into());
+        check_lengths(local.len(), tensors.len(), streams.len())?;
+        if tensors.iter().any(|t| t.recv_stats.is_some()) {
+            return Err(Error::Value {
+                arg: "recv_stats",
+                value: "given".into(),
+                reason: "only calls checked on the device (launch_device) count received rows"
+                    .into(),
             }
+            .into());
         }
         let k = spec.shape.topk;
         let mut routing = Vec::with_capacity(local.len());
@@ -189,6 +110,52 @@ impl MoeLayer {
         }
         Ok(())
     }
+}
+
+impl MoeLayer {
+    /// [`FusedLayer::launch_device`]: one call queued with no host synchronization, its values
+    /// checked on the device. The split kind reads the routing on the host to plan its
+    /// dispatch: it takes [`Self::forward_device`] instead.
+    ///
+    /// # Safety
+    /// That of [`FusedLayer::launch_device`].
+    pub unsafe fn launch_device(
+        &mut self,
+        tensors: &[DeviceRankTensors],
+        num_tokens_bound: Option<usize>,
+        streams: &[u64],
+    ) -> Result<()> {
+        match self {
+            // SAFETY: the caller's contract.
+            MoeLayer::Fused(l) => unsafe { l.launch_device(tensors, num_tokens_bound, streams) },
+            MoeLayer::Split(_) => Err(split_reads_the_host()),
+        }
+    }
+
+    /// Waits for every local rank and reports the first failure of the calls since the last
+    /// check ([`FusedLayer::check`]; the split kind reports its failures in each call).
+    pub fn check(&mut self) -> Result<()> {
+        match self {
+            MoeLayer::Fused(l) => l.check(),
+            MoeLayer::Split(l) => {
+                for r in l.local_ranks() {
+                    l.gpu(r).synchronize()?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+fn split_reads_the_host() -> LayerError {
+    Error::Value {
+        arg: "kind",
+        value: "split".into(),
+        reason: "the split layer reads the routing on the host; calls launched from device \
+                 memory alone are the fused layer's"
+            .into(),
+    }
+    .into()
 }
 
 /// i64 expert ids as the i32 the layer takes; a value outside i32 is out of range whatever E is.

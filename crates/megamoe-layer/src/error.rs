@@ -21,8 +21,17 @@ pub enum LayerError {
     /// One of the expert GEMMs.
     #[error(transparent)]
     Gemm(#[from] megamoe_gemm::GemmError),
-    /// A call every rank's kernel rejected on the device (for the fused kind, bounds that
-    /// differ between ranks); nothing was computed and the layer stays usable.
+    /// A bad argument found on the device in a call the host queued without reading its values
+    /// (a routing value: the token's row is zero; bounds that differ between ranks: no rank
+    /// ran the call), reported by a later call or check; the layer stays usable.
+    #[error("rank {rank}: {source} (found on the device)")]
+    OnDevice {
+        rank: usize,
+        #[source]
+        source: megamoe_core::Error,
+    },
+    /// A call every rank's kernel rejected on the device (for the fused kind, a plan that does
+    /// not fit its ring); nothing was computed and the layer stays usable.
     #[error("rank {rank}: the call was rejected on the device: {reason}")]
     Rejected { rank: usize, reason: String },
     /// The GPU runtime: no GPU or library, a failed driver call.

@@ -31,16 +31,19 @@ use megamoe_gemm::grouped::gemm_params;
 use megamoe_gemm::heuristics::{GemmConfig, GemmProblem, Layout, OutDtype};
 use megamoe_gemm::GemmPointers;
 
+use crate::call::{
+    check_bound, check_call, check_lengths, Activations, DeviceRankTensors, IndexType, RankInput,
+};
 use crate::error::{LayerError, Result};
 use crate::inputs::{append_staged, download_outputs};
 use crate::kernel::{
-    fused_smem_bytes, fused_spec, l1_config, FusedParams, FusedProbeParams, FusedRegions,
+    comm_sms, fused_smem_bytes, fused_spec, l1_config, FusedParams, FusedProbeParams, FusedRegions,
     SwigluQuant, FUSED_BAD_BOUND, FUSED_CORRUPT_COUNT, FUSED_NO_FAULT, FUSED_RING_OVERFLOW,
     FUSED_SLOW_PEER, FUSED_STOP_AFTER_ROUTING, FUSED_STOP_MID_COMBINE, FUSED_STOP_MID_TASKS,
     FUSED_THREADS,
 };
 use crate::spec::{LayerSpec, POOL_PAD};
-use crate::split::{check_call, comm_sms, Activations, RankInput};
+use crate::stage::{StageParams, Stager};
 use crate::weights;
 
 /// The names of the fused kernel's own waits (`FusedWait` in
@@ -108,6 +111,8 @@ struct FusedRank {
     quantizer: Quantizer,
     /// The traced kernel's timeline (impls/fused_trace.cuh), when the layer records one.
     trace: Option<DeviceBuffer>,
+    /// The staging of calls the host does not read ([`FusedLayer::launch_device`]).
+    stage: Stager,
 }
 
 /// How a fused layer is built beyond its spec.
@@ -178,6 +183,9 @@ pub struct FusedLayer {
     broken: bool,
     /// The probe instantiation runs instead of the default kernel (a timeline, a fault).
     probe: Option<Probe>,
+    /// A layer of one local rank queues [`Self::launch_device`]'s work on the caller's stream
+    /// itself (no event each way): that stream's handle, and the rank's GPU handle on it.
+    caller: Option<(u64, Gpu)>,
 }
 
 /// What the probe instantiation is told beyond the call (device: `FusedProbeParams`).
@@ -461,6 +469,7 @@ impl FusedLayer {
                     wait_record: rank.wait_record(),
                     deadline_ns: deadline_ns(rank.deadline()),
                     pull_ahead: megamoe_core::plan::rules::PULL_AHEAD_BLOCKS as u64,
+                    recv_stats: 0,
                     rank: r as i32,
                     ranks: spec.ranks as i32,
                     hidden: h as i32,
@@ -484,6 +493,7 @@ impl FusedLayer {
                 },
             };
             ranks.push(FusedRank {
+                stage: Stager::new(&gpu)?,
                 quantizer: Quantizer::new(&gpu)?,
                 x_bf16: gpu.alloc(spec.max_tokens * h * 2)?,
                 kernel,
@@ -508,6 +518,7 @@ impl FusedLayer {
                 fault: FUSED_NO_FAULT,
                 sleep_ns: 0,
             }),
+            caller: None,
         })
     }
 
@@ -578,13 +589,7 @@ impl FusedLayer {
         let (e, el) = (s.shape.experts, s.shape.local_experts(s.ranks));
         // The order of the call, from the first local rank's bound (every rank computes the
         // same from its own).
-        let ring = self.layout.ring;
-        let bound0 = bounds[0].min(ring.t_cap);
-        let order = call_order(&s.shape, s.ranks, &ring, bound0.max(1), 128);
-        let lag_units = match order.order {
-            Order::SingleWave => 0,
-            Order::Lagged { lag_units } => lag_units,
-        };
+        let (lag_units, ring_slots) = self.order(bounds[0]);
         let off = |name| region(&self.layout, name) as usize;
         let mut bf16 = Vec::with_capacity(inputs.len());
         for ((r, rank), input) in self.local_ranks().zip(&self.ranks).zip(inputs) {
@@ -619,8 +624,20 @@ impl FusedLayer {
             bounds,
             bf16,
             lag_units,
-            ring_slots: order.ring_slots,
+            ring_slots,
         })
+    }
+
+    /// The order of a call of bound `bound`: (lag units, 0 for a single wave; ring slots).
+    fn order(&self, bound: usize) -> (usize, usize) {
+        let s = &self.spec;
+        let ring = self.layout.ring;
+        let order = call_order(&s.shape, s.ranks, &ring, bound.min(ring.t_cap).max(1), 128);
+        let lag_units = match order.order {
+            Order::SingleWave => 0,
+            Order::Lagged { lag_units } => lag_units,
+        };
+        (lag_units, order.ring_slots)
     }
 
     fn check_usable(&self) -> Result<()> {
@@ -669,21 +686,176 @@ impl FusedLayer {
             p.r.bound = staged.bounds[i].min(i32::MAX as usize) as i32;
             p.r.lag_units = staged.lag_units as i32;
             p.r.ring_slots = staged.ring_slots as i32;
-            match self.probe {
-                None => rank.gpu.launch(&rank.kernel, &self.launch, &p)?,
-                Some(probe) => {
-                    let probed = FusedProbeParams {
-                        fused: p,
-                        trace: rank.trace.as_ref().map_or(0, |t| t.ptr()),
-                        fault_rank: probe.fault_rank,
-                        fault: probe.fault,
-                        sleep_ns: probe.sleep_ns,
-                    };
-                    rank.gpu.launch(&rank.kernel, &self.launch, &probed)?
-                }
+            self.launch_kernel(&rank.gpu, rank, p)?;
+        }
+        Ok(())
+    }
+
+    /// Queues rank `rank`'s fused kernel with `p` on `gpu`'s stream (the probe instantiation's
+    /// when it runs).
+    fn launch_kernel(&self, gpu: &Gpu, rank: &FusedRank, p: FusedParams) -> Result<()> {
+        match self.probe {
+            None => gpu.launch(&rank.kernel, &self.launch, &p)?,
+            Some(probe) => {
+                let probed = FusedProbeParams {
+                    fused: p,
+                    trace: rank.trace.as_ref().map_or(0, |t| t.ptr()),
+                    fault_rank: probe.fault_rank,
+                    fault: probe.fault,
+                    sleep_ns: probe.sleep_ns,
+                };
+                gpu.launch(&rank.kernel, &self.launch, &probed)?
             }
         }
         Ok(())
+    }
+
+    /// Queues one call of every local rank after the caller's streams, with no host
+    /// synchronization and no read of the tensors' values (a CUDA graph may capture it):
+    /// `tensors[i]` and `streams[i]` are local rank i's, as [`crate::MoeLayer::forward_device`] takes
+    /// them; each rank's output is written to its `y` directly, and `streams[i]` waits for it.
+    /// A layer of one local rank queues the work on `streams[0]` itself; ranks sharing a process
+    /// run on their own streams (they wait on each other), joined to the callers' with an event
+    /// each way.
+    /// The host checks the shapes and the bound (every T at most the bound, the bound at most
+    /// T_max) and reports a routing fault the device recorded in an earlier call (a `topk_idx`
+    /// or `topk_weights` error naming the rank; the call then queues nothing). The device
+    /// checks the values: a token with an expert id outside [-1, E), an expert twice, or a
+    /// routed slot's weight not finite gets a zero output row and is recorded (the first such
+    /// slot, reported by the next call or by [`Self::check`]); every other token's output is
+    /// that of a clean call. Bounds that differ between ranks and expired waits are reported
+    /// by [`Self::check`]. The host-side [`Self::expert_counts`] do not count these calls
+    /// (`recv_stats` counts on the device).
+    ///
+    /// # Safety
+    /// That of [`crate::MoeLayer::forward_device`], and the addresses stay valid until the calls
+    /// queued here have run (the caller's stream has passed them).
+    pub unsafe fn launch_device(
+        &mut self,
+        tensors: &[DeviceRankTensors],
+        num_tokens_bound: Option<usize>,
+        streams: &[u64],
+    ) -> Result<()> {
+        self.check_usable()?;
+        let local = self.local_ranks();
+        check_lengths(local.len(), tensors.len(), streams.len())?;
+        self.take_route_faults()?;
+        let s = self.spec;
+        let (h, k) = (s.shape.hidden, s.shape.topk);
+        let mut tokens = Vec::with_capacity(tensors.len());
+        for (r, t) in local.clone().zip(tensors) {
+            let got = t.x.tokens();
+            if got > s.max_tokens {
+                let e = Error::Capacity {
+                    arg: "x",
+                    got,
+                    capacity: s.max_tokens,
+                };
+                return Err(LayerError::input(r, e));
+            }
+            tokens.push(got);
+        }
+        check_bound(&s, &tokens, num_tokens_bound)?;
+        let bound = num_tokens_bound.unwrap_or(self.layout.ring.t_cap);
+        let (lag_units, ring_slots) = self.order(bound);
+        // The input regions' offsets, as every rank's kernel parameters hold them.
+        let r0 = &self.ranks[0].params.r;
+        let (x, xs, ids, weights) = (
+            r0.off_x,
+            r0.off_x_scales,
+            r0.off_topk_idx,
+            r0.off_topk_weights,
+        );
+        let single = self.ranks.len() == 1;
+        if single && self.caller.as_ref().map(|c| c.0) != Some(streams[0]) {
+            // SAFETY: the caller's contract: a live stream of the rank's device's primary
+            // context, alive while calls are queued on it.
+            self.caller = Some((streams[0], unsafe {
+                self.ranks[0].gpu.on_stream(streams[0])
+            }));
+        }
+        for (((r, rank), t), &stream) in local.zip(&self.ranks).zip(tensors).zip(streams) {
+            let gpu = match &self.caller {
+                Some((_, caller)) if single => caller,
+                _ => {
+                    rank.gpu.wait_for(stream)?;
+                    &rank.gpu
+                }
+            };
+            let (buf, base) = (self.buffers.local(r), self.buffers.ptr(r));
+            let tokens = t.x.tokens();
+            // e4m3 rows are copied by the staging kernel; bf16 rows are quantized into place.
+            let (rows, scales) = t.x.fp8().unwrap_or((0, 0));
+            if rows == 0 {
+                let places = [(&rank.x_bf16, 0), (buf, x as usize), (buf, xs as usize)];
+                t.x.copy_into(gpu, places, h)?;
+                let (x, xs) = ((buf, x as usize), (buf, xs as usize));
+                rank.quantizer
+                    .launch_at(gpu, &rank.x_bf16, x, xs, tokens, h)?;
+            }
+            if tokens > 0 {
+                let stage = StageParams {
+                    topk_idx: t.topk_idx,
+                    topk_weights: t.topk_weights,
+                    out_idx: base + ids,
+                    out_weights: base + weights,
+                    fault: 0,
+                    x: rows,
+                    x_scales: scales,
+                    out_x: base + x,
+                    out_x_scales: base + xs,
+                    x_bytes: if rows == 0 { 0 } else { (tokens * h) as u64 },
+                    tokens: tokens as i32,
+                    topk: k as i32,
+                    experts: s.shape.experts as i32,
+                    idx64: (t.topk_idx_type == IndexType::I64) as i32,
+                };
+                rank.stage.launch(gpu, stage)?;
+            }
+            let mut p = rank.params;
+            p.r.tokens = tokens as i32;
+            p.r.bound = bound as i32;
+            p.r.lag_units = lag_units as i32;
+            p.r.ring_slots = ring_slots as i32;
+            p.r.y = t.y;
+            p.r.recv_stats = t.recv_stats.unwrap_or(0);
+            self.launch_kernel(gpu, rank, p)?;
+            if !single {
+                gpu.release_to(stream)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reports (and clears) the routing faults the device recorded for the local ranks: the
+    /// first as a `topk_idx` or `topk_weights` error naming its rank.
+    fn take_route_faults(&self) -> Result<()> {
+        let mut first = None;
+        for (r, rank) in self.local_ranks().zip(&self.ranks) {
+            if let Some(fault) = rank.stage.take() {
+                first.get_or_insert((r, fault));
+            }
+        }
+        match first {
+            None => Ok(()),
+            Some((rank, fault)) => Err(LayerError::OnDevice {
+                rank,
+                source: fault.to_error(self.spec.shape.experts),
+            }),
+        }
+    }
+
+    /// Waits for the local ranks' devices (every stream: calls queued on the callers' streams
+    /// and graph replays included) and reports the first failure since the last check or
+    /// finish: a device wait past its deadline, a call every rank rejected, then a routing
+    /// fault of a call from [`Self::launch_device`] (see [`Self::finish`]).
+    pub fn check(&mut self) -> Result<()> {
+        // The calls ran on the callers' streams, or as graph replays on any stream.
+        for rank in &self.ranks {
+            rank.gpu.synchronize_device()?;
+        }
+        self.finish()?;
+        self.take_route_faults()
     }
 
     /// Waits for every local rank and reports the first failure of the calls since the last finish:
@@ -712,17 +884,29 @@ impl FusedLayer {
                 rejected += 1;
             }
         }
-        match first {
-            None => Ok(()),
-            Some((rank, rec)) => Err(LayerError::Rejected {
+        let Some((rank, rec)) = first else {
+            return Ok(());
+        };
+        let rejected = format!("{rejected} of {} ranks rejected the call", self.ranks.len());
+        Err(match rec.code {
+            FUSED_BAD_BOUND => LayerError::OnDevice {
                 rank,
-                reason: format!(
-                    "{} ({rejected} of {} ranks rejected the call)",
-                    describe(rec),
-                    self.ranks.len()
-                ),
-            }),
-        }
+                source: Error::Value {
+                    arg: "num_tokens_bound",
+                    value: rec.expected.to_string(),
+                    reason: format!(
+                        "rank {} published {} (its bound, or its T above it); bounds must be \
+                         equal on every rank, at least every rank's T and at most T_max; no \
+                         rank ran the call ({rejected})",
+                        rec.peer, rec.seen
+                    ),
+                },
+            },
+            _ => LayerError::Rejected {
+                rank,
+                reason: format!("{} ({rejected})", describe(rec)),
+            },
+        })
     }
 
     /// Every local rank's expired wait, if any (after a failed [`Self::finish`]).
@@ -972,11 +1156,6 @@ fn trace_report(words: &[u64], ctas: usize, per_cta: usize) -> TraceReport {
 /// What a rejected call's error record means.
 fn describe(rec: ErrorRecord) -> String {
     match rec.code {
-        FUSED_BAD_BOUND => format!(
-            "num_tokens_bound: rank {} published {} where this rank's bound is {} (bounds must be \
-             equal on every rank, at least every rank's T and at most T_max); no rank ran the call",
-            rec.peer, rec.seen, rec.expected
-        ),
         FUSED_RING_OVERFLOW => format!(
             "the call's {} m-blocks do not fit its single-wave ring of {} slots",
             rec.seen, rec.expected
@@ -986,17 +1165,9 @@ fn describe(rec: ErrorRecord) -> String {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-
-    /// An exchange for tests whose arguments must be rejected before any exchange.
-    pub(crate) struct Unreachable;
-
-    impl AllGather for Unreachable {
-        fn all_gather(&mut self, _: &[u8]) -> megamoe_cuda::Result<Vec<Vec<u8>>> {
-            panic!("the arguments should have been rejected before any exchange")
-        }
-    }
+    use crate::call::tests::Unreachable;
 
     #[test]
     fn a_rank_outside_the_world_is_rejected_before_any_exchange() {

@@ -10,9 +10,9 @@ use megamoe_core::{LayerOptions, WorldInputs};
 use half::bf16;
 use megamoe_cuda::DeviceBuffer;
 
+use crate::call::{Activations, RankInput};
 use crate::error::Result;
 use crate::spec::LayerSpec;
-use crate::split::{Activations, RankInput};
 
 /// Every rank's inputs of `world` with bf16 activations.
 pub fn bf16_inputs(world: &WorldInputs) -> Vec<RankInput<'_>> {

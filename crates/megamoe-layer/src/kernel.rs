@@ -25,6 +25,7 @@ pub const HEADERS: Headers = megamoe_cuda::header_set!(
         "megamoe_layer/impls/fused_params.cuh",
         "megamoe_layer/impls/fused_trace.cuh",
         "megamoe_layer/impls/split_l1.cuh",
+        "megamoe_layer/impls/stage.cuh",
         "megamoe_layer/scheduler/task_queue.cuh",
         "megamoe_layer/scheduler/task_stream.cuh",
     ]
@@ -102,6 +103,8 @@ pub struct FusedRegions {
     /// megamoe-core's `PULL_AHEAD_BLOCKS`: the pull of block b waits until the first L1 task of
     /// block b − pull_ahead is handed out.
     pub pull_ahead: u64,
+    /// i32 `[E_l]`: the rows each local expert receives in the call are added to it; 0: none.
+    pub recv_stats: u64,
     pub rank: i32,
     pub ranks: i32,
     pub hidden: i32,
@@ -160,11 +163,11 @@ pub const FUSED_CORRUPT_COUNT: u32 = 4;
 /// The rank sleeps `sleep_ns` before publishing its routing, then goes on.
 pub const FUSED_SLOW_PEER: u32 = 5;
 
-const _: () = assert!(std::mem::size_of::<FusedRegions>() == 34 * 8 + 16 * 4);
+const _: () = assert!(std::mem::size_of::<FusedRegions>() == 35 * 8 + 16 * 4);
 const _: () = assert!(std::mem::offset_of!(FusedRegions, y) == 8 * (8 + 22));
-const _: () = assert!(std::mem::offset_of!(FusedRegions, rank) == 272);
-const _: () = assert!(std::mem::offset_of!(FusedRegions, max_segments) == 332);
-// 448 · 2 + 64 + 336, rounded up to the struct's 64-byte alignment.
+const _: () = assert!(std::mem::offset_of!(FusedRegions, rank) == 280);
+const _: () = assert!(std::mem::offset_of!(FusedRegions, max_segments) == 340);
+// 448 · 2 + 64 + 344, rounded up to the struct's 64-byte alignment.
 const _: () = assert!(std::mem::size_of::<FusedParams>() == 1344);
 const _: () = assert!(std::mem::offset_of!(FusedProbeParams, trace) == 1344);
 const _: () = assert!(std::mem::offset_of!(FusedProbeParams, fault) == 1356);
@@ -298,12 +301,34 @@ pub fn kernel_specs() -> Vec<KernelSpec> {
         fused_spec(64, false),
         fused_spec(128, true),
         fused_spec(64, true),
+        crate::stage::stage_spec(),
     ]
+}
+
+/// Blocks of one rank's launch that waits on other ranks (the split form's dispatch and combine,
+/// the fused kernel): the caller's choice, else every SM of the rank's share of its GPU (in the
+/// split form nothing runs beside them: measured faster than megamoe-ep's default,
+/// docs/PERF.md); never more than the GPU's SMs over the ranks placed on it, so every rank's
+/// blocks are resident at once and no waiting block keeps another rank's from running.
+pub(crate) fn comm_sms(requested: Option<usize>, ranks: usize, gpus: usize, sms: usize) -> usize {
+    let per_gpu = ranks.div_ceil(gpus.min(ranks));
+    let fit = (sms / per_gpu).max(1);
+    requested.unwrap_or(fit).clamp(1, fit)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn communication_blocks_of_every_virtual_rank_fit_on_the_gpu() {
+        assert_eq!(comm_sms(None, 1, 1, 132), 132);
+        assert_eq!(comm_sms(Some(24), 1, 1, 132), 24);
+        assert_eq!(comm_sms(Some(200), 1, 1, 132), 132);
+        assert_eq!(comm_sms(None, 8, 1, 132), 16);
+        assert_eq!(comm_sms(Some(64), 8, 2, 132), 33);
+        assert_eq!(comm_sms(Some(0), 2, 2, 132), 1);
+    }
 
     #[test]
     fn every_included_header_is_embedded() {

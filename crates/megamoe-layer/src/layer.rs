@@ -7,10 +7,11 @@ use half::bf16;
 use megamoe_core::weights::RankWeightsFp8;
 use megamoe_cuda::{AllGather, DeviceBuffer};
 
+use crate::call::RankInput;
 use crate::error::Result;
 use crate::fused::{FusedLayer, FusedOptions};
 use crate::spec::{Kind, LayerSpec};
-use crate::split::{RankInput, SplitLayer};
+use crate::split::SplitLayer;
 
 /// The MoE layer of either kind on a world of real or virtual ranks.
 pub enum MoeLayer {
@@ -142,7 +143,7 @@ impl MoeLayer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fused::tests::Unreachable;
+    use crate::call::tests::Unreachable;
 
     #[test]
     fn one_rank_per_process_checks_the_rank_before_any_exchange_for_either_kind() {

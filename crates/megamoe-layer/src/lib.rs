@@ -11,6 +11,8 @@
 //!   (W1's gate and up blocks interleaved, [`weights`]), [`SplitLayer::forward`] with bf16 or
 //!   e4m3 input, every input checked before anything is written, the cumulative per-expert
 //!   received-row counts.
+//! - [`call`]: a call's per-rank inputs (host slices or device tensors) and their host checks,
+//!   shared by both kinds.
 //! - [`MoeLayer::forward_device`] ([`device_io`]): the forward pass on tensors already on the
 //!   GPU (a framework's), by device address, after the caller's stream, one entry per local
 //!   rank.
@@ -26,6 +28,7 @@
 //!   kernels), built on `<megamoe_gemm/...>` and compiled per configuration by megamoe-cuda's
 //!   JIT ([`kernel::kernel_specs`]).
 pub mod bench;
+pub mod call;
 pub mod device_io;
 pub mod error;
 pub mod fused;
@@ -35,11 +38,12 @@ pub mod layer;
 pub mod selftest;
 pub mod spec;
 pub mod split;
+pub mod stage;
 pub mod weights;
 
-pub use device_io::{DeviceActivations, DeviceRankTensors, IndexType};
+pub use call::{Activations, DeviceActivations, DeviceRankTensors, IndexType, RankInput};
 pub use error::{LayerError, Result};
 pub use fused::{FusedGraph, FusedLayer, FusedStaged};
 pub use layer::MoeLayer;
 pub use spec::{Kind, LayerBytes, LayerSpec};
-pub use split::{Activations, RankInput, SplitLayer, Staged};
+pub use split::{SplitLayer, Staged};

@@ -21,11 +21,12 @@ use megamoe_cuda::selftest::{every_other_rank_names, Check};
 use megamoe_cuda::AllGather;
 use megamoe_ep::{FaultKind, InjectedFault};
 
+use crate::call::{Activations, RankInput};
 use crate::fused::{Fault, FusedLayer, FusedOptions, FusedStaged};
 use crate::inputs::{bf16_inputs, fp8_inputs, quantize_inputs, spec_for};
 use crate::layer::MoeLayer;
 use crate::spec::{Kind, LayerSpec};
-use crate::split::{Activations, RankInput, SplitLayer};
+use crate::split::SplitLayer;
 
 /// The contract's bound on the GPU output's distance to the CPU reference (SPEC §3).
 pub const MAX_DIFF: f64 = 1e-4;

@@ -18,9 +18,7 @@
 //! nobody and finish on whatever SMs are free.
 
 use half::bf16;
-use megamoe_core::routing::{check_slot_weights, check_topk_idx};
 use megamoe_core::weights::RankWeightsFp8;
-use megamoe_core::Error;
 use megamoe_cuda::{jit, AllGather, DeviceBuffer, Gpu, Kernel, Quantizer, WaitRecord};
 use megamoe_ep::{
     CombineOrder, EpConfig, EpWorld, Handle, InjectedFault, IoRegion, RowDtype, SyncMode,
@@ -30,33 +28,12 @@ use megamoe_gemm::heuristics::{choose, GemmConfig, GemmProblem, Layout, OutDtype
 use megamoe_gemm::{GemmPointers, GroupedGemm};
 use std::ops::Range;
 
-use crate::device_io::DeviceActivations;
+use crate::call::{check_call, Activations, RankInput};
 use crate::error::{LayerError, Result};
 use crate::inputs::{append_staged, download_outputs};
-use crate::kernel::{l1_config, l1_problem, split_l1_spec, SplitL1Params, SwigluQuant};
+use crate::kernel::{comm_sms, l1_config, l1_problem, split_l1_spec, SplitL1Params, SwigluQuant};
 use crate::spec::{LayerSpec, POOL_PAD};
 use crate::weights;
-
-/// One rank's activations for one call.
-#[derive(Clone, Copy, Debug)]
-pub enum Activations<'a> {
-    /// bf16 `[T, H]`: quantized on the GPU per token per 128 columns (SPEC §3).
-    Bf16(&'a [bf16]),
-    /// Already quantized: e4m3 `[T, H]` and f32 scales `[T, H/128]`.
-    Fp8 { data: &'a [u8], scales: &'a [f32] },
-    /// Either of the above on the rank's GPU (a framework's tensors), copied device to device.
-    Device(DeviceActivations),
-}
-
-/// One rank's inputs for one call (SPEC §2); T is `topk_idx.len() / K`.
-#[derive(Clone, Copy, Debug)]
-pub struct RankInput<'a> {
-    pub x: Activations<'a>,
-    /// `[T, K]`: experts in `[0, E)` or −1 for a masked slot; no expert twice in a row.
-    pub topk_idx: &'a [i32],
-    /// `[T, K]`, finite on valid slots (masked slots' weights are never read).
-    pub topk_weights: &'a [f32],
-}
 
 /// The launches of one call, in order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -592,103 +569,11 @@ fn l2_configs(spec: &LayerSpec, sms: usize) -> Result<Vec<(GemmProblem, GemmConf
     Ok(out)
 }
 
-/// The T of each rank of `ranks` (the ranks this process holds, one input each), after
-/// checking the input count, every input and the bound (at least each of these ranks' T, at
-/// most T_max), before anything is written.
-pub(crate) fn check_call(
-    s: &LayerSpec,
-    ranks: Range<usize>,
-    inputs: &[RankInput],
-    num_tokens_bound: Option<usize>,
-) -> Result<Vec<usize>> {
-    if inputs.len() != ranks.len() {
-        return Err(Error::Length {
-            arg: "inputs",
-            got: inputs.len(),
-            expected: ranks.len(),
-        }
-        .into());
-    }
-    let mut tokens = Vec::with_capacity(ranks.len());
-    for (r, input) in ranks.zip(inputs) {
-        let t = check_input(s, input).map_err(|e| LayerError::input(r, e))?;
-        tokens.push(t);
-    }
-    if let Some(bound) = num_tokens_bound {
-        let most = tokens.iter().copied().max().unwrap_or(0);
-        if bound < most || bound > s.max_tokens {
-            return Err(Error::Value {
-                arg: "num_tokens_bound",
-                value: bound.to_string(),
-                reason: format!(
-                    "must be at least every rank's T (largest {most}) and at most T_max {}",
-                    s.max_tokens
-                ),
-            }
-            .into());
-        }
-    }
-    Ok(tokens)
-}
-
-/// T of one rank's input, after checking every length, the routing and the weights.
-fn check_input(spec: &LayerSpec, input: &RankInput) -> megamoe_core::Result<usize> {
-    let (h, k) = (spec.shape.hidden, spec.shape.topk);
-    let len = |arg, got: usize, expected: usize| {
-        if got == expected {
-            Ok(())
-        } else {
-            Err(Error::Length { arg, got, expected })
-        }
-    };
-    if input.topk_idx.len() % k != 0 {
-        return Err(Error::Shape {
-            arg: "topk_idx",
-            reason: format!(
-                "{} entries are not whole rows of K = {k}",
-                input.topk_idx.len()
-            ),
-        });
-    }
-    let t = input.topk_idx.len() / k;
-    if t > spec.max_tokens {
-        return Err(Error::Capacity {
-            arg: "tokens",
-            got: t,
-            capacity: spec.max_tokens,
-        });
-    }
-    match input.x {
-        Activations::Bf16(x) => len("x", x.len(), t * h)?,
-        Activations::Fp8 { data, scales } => {
-            len("x", data.len(), t * h)?;
-            len("x_scales", scales.len(), t * h / 128)?;
-        }
-        Activations::Device(x) => len("x", x.tokens() * h, t * h)?,
-    }
-    len("topk_weights", input.topk_weights.len(), t * k)?;
-    check_topk_idx("topk_idx", spec.shape, input.topk_idx)?;
-    check_slot_weights("topk_weights", k, input.topk_idx, input.topk_weights)?;
-    Ok(t)
-}
-
-/// Blocks per rank for dispatch and combine: the caller's choice, else every SM of the rank's
-/// share of its GPU (nothing runs beside them in the split form: measured faster than
-/// megamoe-ep's default, docs/PERF.md); never more than the GPU's SMs over the ranks placed on
-/// it (module comment).
-pub(crate) fn comm_sms(requested: Option<usize>, ranks: usize, gpus: usize, sms: usize) -> usize {
-    let per_gpu = ranks.div_ceil(gpus.min(ranks));
-    let fit = (sms / per_gpu).max(1);
-    requested.unwrap_or(fit).clamp(1, fit)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fused::tests::Unreachable;
-    use megamoe_core::routing::validate_rank;
-    use megamoe_core::{Preset, RankInputs};
-    use proptest::prelude::*;
+    use crate::call::tests::Unreachable;
+    use megamoe_core::Preset;
 
     #[test]
     fn a_bad_spec_is_rejected_before_any_exchange() {
@@ -698,162 +583,10 @@ mod tests {
         assert!(SplitLayer::for_rank(spec, no_weights, 0, 0, Box::new(Unreachable)).is_err());
     }
 
-    proptest! {
-        // Any lengths, expert ids and weights: the layer's checks never panic, and accept
-        // exactly what megamoe-core's validation of the same rank accepts.
-        #[test]
-        fn input_checks_agree_with_the_reference_validation(
-            slots in 0usize..40,
-            x_extra in -2i64..3,
-            w_extra in -2i64..3,
-            ids in proptest::collection::vec(-3i32..20, 40),
-            weights in proptest::collection::vec(
-                prop_oneof![Just(f32::NAN), Just(f32::INFINITY), -2.0f32..2.0], 40),
-        ) {
-            let shape = Preset::by_name("tiny").unwrap().shape; // H 256, E 16, K 4
-            let spec = LayerSpec::new(shape, 2, 8);
-            let topk_idx = &ids[..slots];
-            let t = slots / shape.topk;
-            let x_len = ((t * shape.hidden) as i64 + x_extra).max(0) as usize;
-            let w_len = (slots as i64 + w_extra).clamp(0, 40) as usize;
-            let x = vec![half::bf16::ONE; x_len];
-            let input = RankInput {
-                x: Activations::Bf16(&x),
-                topk_idx,
-                topk_weights: &weights[..w_len],
-            };
-            let got = check_input(&spec, &input);
-            let reference = if slots % shape.topk != 0 {
-                None
-            } else {
-                let rank = RankInputs {
-                    tokens: t,
-                    first_global_token: 0,
-                    x: x.clone(),
-                    topk_idx: topk_idx.to_vec(),
-                    topk_weights: weights[..w_len].to_vec(),
-                };
-                Some(validate_rank(shape, 0, &rank, Some(spec.max_tokens)))
-            };
-            match (got, reference) {
-                (Ok(tokens), Some(Ok(()))) => prop_assert_eq!(tokens, t),
-                (Err(_), Some(Err(_))) | (Err(_), None) => {}
-                (got, reference) => prop_assert!(false, "layer {:?}, reference {:?}", got, reference),
-            }
-        }
-    }
-
-    /// The first broken rule of a call of `ranks` inputs (each rank's T, FP8 or bf16, and the
-    /// lengths of its activations and their scales) with `bound`, as `check_call` orders them:
-    /// the rank count, then rank by rank T ≤ T_max and the lengths, then the bound.
-    fn call_fault(
-        spec: &LayerSpec,
-        ranks: &[(usize, bool, usize, usize)],
-        bound: Option<usize>,
-    ) -> Option<(Option<usize>, &'static str)> {
-        if ranks.len() != spec.ranks {
-            return Some((None, "inputs"));
-        }
-        let h = spec.shape.hidden;
-        for (r, &(t, fp8, x_len, scales_len)) in ranks.iter().enumerate() {
-            if t > spec.max_tokens {
-                return Some((Some(r), "tokens"));
-            }
-            if x_len != t * h {
-                return Some((Some(r), "x"));
-            }
-            if fp8 && scales_len != t * h / 128 {
-                return Some((Some(r), "x_scales"));
-            }
-        }
-        let most = ranks.iter().map(|r| r.0).max().unwrap_or(0);
-        match bound {
-            Some(b) if b < most || b > spec.max_tokens => Some((None, "num_tokens_bound")),
-            _ => None,
-        }
-    }
-
-    proptest! {
-        // Any rank count, any T (0 and beyond T_max included), FP8 or bf16 activations of any
-        // length, any bound: `check_call` returns every rank's T exactly when nothing is
-        // broken, else an error naming the first broken argument (and its rank), never a panic.
-        #[test]
-        fn call_checks_name_the_first_broken_argument(
-            ranks in proptest::collection::vec(
-                (0usize..12, any::<bool>(), prop_oneof![4 => Just(0i64), 1 => -3i64..4],
-                 prop_oneof![4 => Just(0i64), 1 => -2i64..3]),
-                0..4),
-            bound in proptest::option::of(0usize..12),
-        ) {
-            let shape = Preset::by_name("tiny").unwrap().shape; // H 256, E 16, K 4
-            let spec = LayerSpec::new(shape, 2, 8);
-            let (h, k) = (shape.hidden, shape.topk);
-            let len = |n: usize, off: i64| (n as i64 + off).max(0) as usize;
-            let ranks: Vec<_> = ranks
-                .iter()
-                .map(|&(t, fp8, x_off, scale_off)| {
-                    (t, fp8, len(t * h, x_off), len(t * h / 128, scale_off))
-                })
-                .collect();
-            let data: Vec<_> = ranks
-                .iter()
-                .enumerate()
-                .map(|(r, &(t, _, x_len, scales_len))| {
-                    // Slot k of token t names expert (t·K + k + r) mod E: K distinct experts.
-                    let idx: Vec<i32> = (0..t * k).map(|i| ((i + r) % 16) as i32).collect();
-                    (
-                        vec![half::bf16::ONE; x_len],
-                        vec![0x38u8; x_len],
-                        vec![1.0f32; scales_len],
-                        idx,
-                        vec![0.25f32; t * k],
-                    )
-                })
-                .collect();
-            let inputs: Vec<RankInput> = data
-                .iter()
-                .zip(&ranks)
-                .map(|((x, x8, scales, idx, w), &(_, fp8, _, _))| RankInput {
-                    x: if fp8 {
-                        Activations::Fp8 { data: x8, scales }
-                    } else {
-                        Activations::Bf16(x)
-                    },
-                    topk_idx: idx,
-                    topk_weights: w,
-                })
-                .collect();
-            let got = check_call(&spec, 0..spec.ranks, &inputs, bound);
-            match (got, call_fault(&spec, &ranks, bound)) {
-                (Ok(tokens), None) => {
-                    prop_assert_eq!(tokens, ranks.iter().map(|r| r.0).collect::<Vec<_>>())
-                }
-                (Err(e), Some((rank, arg))) => {
-                    let text = e.to_string();
-                    prop_assert!(text.contains(&format!("`{arg}`")), "{arg}: {text}");
-                    if let Some(r) = rank {
-                        prop_assert!(text.contains(&format!("rank {r}")), "rank {r}: {text}");
-                    }
-                }
-                (got, want) => prop_assert!(false, "got {:?}, expected {:?}", got, want),
-            }
-        }
-    }
-
     /// A serving engine builds the layer on one thread and runs it on a worker thread.
     #[test]
     fn a_layer_can_move_to_another_thread() {
         fn send<T: Send>() {}
         send::<SplitLayer>();
-    }
-
-    #[test]
-    fn communication_blocks_of_every_virtual_rank_fit_on_the_gpu() {
-        assert_eq!(comm_sms(None, 1, 1, 132), 132);
-        assert_eq!(comm_sms(Some(24), 1, 1, 132), 24);
-        assert_eq!(comm_sms(Some(200), 1, 1, 132), 132);
-        assert_eq!(comm_sms(None, 8, 1, 132), 16);
-        assert_eq!(comm_sms(Some(64), 8, 2, 132), 33);
-        assert_eq!(comm_sms(Some(0), 2, 2, 132), 1);
     }
 }

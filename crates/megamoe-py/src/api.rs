@@ -66,7 +66,7 @@ impl LayerArgs<'_> {
                 ))
             })?,
             group: match self.group {
-                Some(g) => count("group", g)?,
+                Some(g) => count("scale_granularity", g)?,
                 None => default_group(&shape),
             },
             // f32 is what the kernels take; a value too large for it becomes inf and is refused.
@@ -310,7 +310,7 @@ mod tests {
                     group: Some(96),
                     ..ok.clone()
                 },
-                "group",
+                "scale_granularity: ",
             ),
             (
                 LayerArgs {

@@ -32,7 +32,7 @@ fn python_name(rust: &str) -> Option<&'static str> {
         "topk" => "num_topk",
         "inter" => "intermediate_hidden",
         "kernel" => "kind",
-        "gran" => "group",
+        "gran" | "group" => "scale_granularity",
         _ => return None,
     })
 }
@@ -74,10 +74,14 @@ impl From<LayerError> for Error {
     fn from(e: LayerError) -> Self {
         match e {
             LayerError::Spec(e) => e.into(),
-            // Keep the rank in the message; the argument still comes first.
-            LayerError::Input { rank, source } => {
-                let inner = Error::from(source);
-                Error::Value(format!("rank {rank}: {}", inner.message()))
+            // The argument first, then the rank it was found on.
+            LayerError::Input { rank, source } | LayerError::OnDevice { rank, source } => {
+                Error::Value(match arg_of(&source) {
+                    Some(arg) => {
+                        format!("{}: rank {rank}: {source}", python_name(arg).unwrap_or(arg))
+                    }
+                    None => format!("rank {rank}: {source}"),
+                })
             }
             other => Error::Runtime(other.to_string()),
         }
@@ -98,7 +102,7 @@ mod tests {
             panic!("not a value error")
         };
         assert!(m.starts_with("num_ranks: "), "{m}");
-        // A name both languages share is said first too.
+        // The scale granularity is `group` in the Rust crates, `scale_granularity` in Python.
         let e = megamoe_core::Error::Value {
             arg: "group",
             value: "96".into(),
@@ -106,7 +110,17 @@ mod tests {
         };
         assert_eq!(
             Error::from(e),
-            Error::Value("group: `group` = 96 is invalid: must be 64 or 128".into())
+            Error::Value("scale_granularity: `group` = 96 is invalid: must be 64 or 128".into())
+        );
+        // A name both languages share is said first too.
+        let e = megamoe_core::Error::Value {
+            arg: "hidden",
+            value: "100".into(),
+            reason: "must be a multiple of 128".into(),
+        };
+        assert_eq!(
+            Error::from(e),
+            Error::Value("hidden: `hidden` = 100 is invalid: must be a multiple of 128".into())
         );
     }
 
@@ -121,7 +135,7 @@ mod tests {
             },
         );
         assert!(
-            matches!(Error::from(input), Error::Value(m) if m.starts_with("rank 1: ") && m.contains("topk_idx"))
+            matches!(Error::from(input), Error::Value(m) if m.starts_with("topk_idx: rank 1: `topk_idx`"))
         );
         let spec = LayerError::Spec(megamoe_core::Error::Shape {
             arg: "inter",
@@ -129,6 +143,17 @@ mod tests {
         });
         assert!(
             matches!(Error::from(spec), Error::Value(m) if m.starts_with("intermediate_hidden: "))
+        );
+        let on_device = LayerError::OnDevice {
+            rank: 0,
+            source: megamoe_core::Error::Value {
+                arg: "num_tokens_bound",
+                value: "48".into(),
+                reason: "rank 1 published 64".into(),
+            },
+        };
+        assert!(
+            matches!(Error::from(on_device), Error::Value(m) if m.starts_with("num_tokens_bound: rank 0: `num_tokens_bound` = 48"))
         );
         let device = LayerError::Runtime(megamoe_cuda::Error::NoGpu);
         assert!(matches!(Error::from(device), Error::Runtime(m) if m.contains("GPU")));

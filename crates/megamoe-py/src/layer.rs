@@ -210,25 +210,50 @@ impl GpuLayer {
         Ok(())
     }
 
-    /// One call of every local rank (see [`MoeLayer::forward_device`]).
+    /// One call of every local rank: checked on the host and waited for
+    /// ([`MoeLayer::forward_device`]), or with `queued`, queued with no host synchronization
+    /// and its values checked on the device ([`MoeLayer::launch_device`]).
     ///
     /// # Safety
-    /// That of [`MoeLayer::forward_device`].
+    /// That of the call it makes.
     pub unsafe fn forward(
         &mut self,
         tensors: &[DeviceRankTensors],
         num_tokens_bound: Option<i64>,
         streams: &[u64],
+        queued: bool,
     ) -> Result<()> {
         let bound = num_tokens_bound
             .map(|b| count("num_tokens_bound", b))
             .transpose()?;
-        let layer = self.layer.as_mut().ok_or_else(|| {
-            Error::Runtime("the layer has no weights yet: call load_weights first".into())
-        })?;
+        let layer = self.built()?;
         // SAFETY: the caller's contract.
-        unsafe { layer.forward_device(tensors, bound, streams)? };
+        unsafe {
+            if queued {
+                layer.launch_device(tensors, bound, streams)?
+            } else {
+                layer.forward_device(tensors, bound, streams)?
+            }
+        };
         Ok(())
+    }
+
+    /// Waits for the local ranks and reports what the device found since the last check.
+    pub fn check(&mut self) -> Result<()> {
+        Ok(self.built()?.check()?)
+    }
+
+    /// Rows each local expert of rank `rank` (one this layer holds) has received over the
+    /// host-checked calls of [`Self::forward`] (queued ones count on the device).
+    pub fn expert_counts(&mut self, rank: usize) -> Result<Vec<u64>> {
+        self.rank_device(rank)?;
+        Ok(self.built()?.expert_counts()[rank].clone())
+    }
+
+    fn built(&mut self) -> Result<&mut MoeLayer> {
+        self.layer.as_mut().ok_or_else(|| {
+            Error::Runtime("the layer has no weights yet: call load_weights first".into())
+        })
     }
 }
 
@@ -247,8 +272,34 @@ pub(crate) mod bindings {
     use crate::error::Error;
 
     /// One rank's tensors as python/megamoe/layer.py passes them: (tokens, x, x_scales or
-    /// None, topk_idx, topk_idx is int64, topk_weights, y), addresses as ints.
-    type RankTensors = (usize, u64, Option<u64>, u64, bool, u64, u64);
+    /// None, topk_idx, topk_idx is int64, topk_weights, y, recv_stats or None), addresses as
+    /// ints.
+    type RankTensors = (usize, u64, Option<u64>, u64, bool, u64, u64, Option<u64>);
+
+    /// Each rank's tensors as the layer takes them.
+    ///
+    /// # Safety
+    /// The addresses must be what `DeviceRankTensors` says, for the call that takes them.
+    unsafe fn device_tensors(ranks: Vec<RankTensors>) -> Vec<DeviceRankTensors> {
+        ranks
+            .into_iter()
+            .map(
+                |(tokens, x, scales, idx, idx64, weights, y, recv_stats)| DeviceRankTensors {
+                    // SAFETY: the caller's contract.
+                    x: unsafe { DeviceActivations::new(tokens, x, scales) },
+                    topk_idx: idx,
+                    topk_idx_type: if idx64 {
+                        IndexType::I64
+                    } else {
+                        IndexType::I32
+                    },
+                    topk_weights: weights,
+                    y,
+                    recv_stats,
+                },
+            )
+            .collect()
+    }
 
     /// The native layer behind `megamoe.MoELayer` (python/megamoe/layer.py checks the tensors).
     #[pyclass(name = "Layer", module = "megamoe._megamoe")]
@@ -269,7 +320,7 @@ pub(crate) mod bindings {
         #[new]
         #[pyo3(signature = (
             num_ranks, num_experts, num_max_tokens_per_rank, num_topk, hidden,
-            intermediate_hidden, kind = "fused", group = None, clamp = None
+            intermediate_hidden, kind = "fused", scale_granularity = None, clamp = None
         ))]
         #[allow(clippy::too_many_arguments)] // DeepGEMM's signature, one argument per size.
         fn new(
@@ -280,7 +331,7 @@ pub(crate) mod bindings {
             hidden: i64,
             intermediate_hidden: i64,
             kind: &str,
-            group: Option<i64>,
+            scale_granularity: Option<i64>,
             clamp: Option<f64>,
         ) -> PyResult<Layer> {
             let layer = GpuLayer::new(&LayerArgs {
@@ -291,7 +342,7 @@ pub(crate) mod bindings {
                 hidden,
                 intermediate_hidden,
                 kind,
-                group,
+                group: scale_granularity,
                 clamp,
             })?;
             Ok(Layer(Mutex::new(layer)))
@@ -305,7 +356,7 @@ pub(crate) mod bindings {
         #[staticmethod]
         #[pyo3(signature = (
             rank, device, all_gather, num_ranks, num_experts, num_max_tokens_per_rank, num_topk,
-            hidden, intermediate_hidden, kind = "fused", group = None, clamp = None
+            hidden, intermediate_hidden, kind = "fused", scale_granularity = None, clamp = None
         ))]
         #[allow(clippy::too_many_arguments)] // Layer's arguments and the process's rank.
         fn for_rank(
@@ -319,7 +370,7 @@ pub(crate) mod bindings {
             hidden: i64,
             intermediate_hidden: i64,
             kind: &str,
-            group: Option<i64>,
+            scale_granularity: Option<i64>,
             clamp: Option<f64>,
         ) -> PyResult<Layer> {
             let args = LayerArgs {
@@ -330,7 +381,7 @@ pub(crate) mod bindings {
                 hidden,
                 intermediate_hidden,
                 kind,
-                group,
+                group: scale_granularity,
                 clamp,
             };
             let (spec, rank, device) = GpuLayer::rank_config(&args, rank, device)?;
@@ -346,7 +397,7 @@ pub(crate) mod bindings {
         }
 
         /// (num_ranks, num_experts, num_max_tokens_per_rank, num_topk, hidden,
-        /// intermediate_hidden, kind, group, clamp) as the layer was built.
+        /// intermediate_hidden, kind, scale_granularity, clamp) as the layer was built.
         #[allow(clippy::type_complexity)]
         fn spec(
             &self,
@@ -415,27 +466,41 @@ pub(crate) mod bindings {
             num_tokens_bound: Option<i64>,
             streams: Vec<u64>,
         ) -> PyResult<()> {
-            let tensors: Vec<DeviceRankTensors> = ranks
-                .into_iter()
-                .map(
-                    |(tokens, x, scales, idx, idx64, weights, y)| DeviceRankTensors {
-                        // SAFETY: as for the call below.
-                        x: unsafe { DeviceActivations::new(tokens, x, scales) },
-                        topk_idx: idx,
-                        topk_idx_type: if idx64 {
-                            IndexType::I64
-                        } else {
-                            IndexType::I32
-                        },
-                        topk_weights: weights,
-                        y,
-                    },
-                )
-                .collect();
             // SAFETY: layer.py passes live, contiguous tensors of the checked dtypes and shapes
             // on each rank's device (y a fresh tensor), kept alive by the caller for the call,
             // and each rank's device's current stream.
-            py.detach(|| self.with(|l| unsafe { l.forward(&tensors, num_tokens_bound, &streams) }))
+            let tensors = unsafe { device_tensors(ranks) };
+            // SAFETY: as above.
+            py.detach(|| {
+                self.with(|l| unsafe { l.forward(&tensors, num_tokens_bound, &streams, false) })
+            })
+        }
+
+        /// One call queued with no host synchronization (`forward`'s arguments); the values
+        /// are checked on the device and reported by a later call or `check`.
+        #[pyo3(signature = (ranks, num_tokens_bound, streams))]
+        fn launch(
+            &self,
+            ranks: Vec<RankTensors>,
+            num_tokens_bound: Option<i64>,
+            streams: Vec<u64>,
+        ) -> PyResult<()> {
+            // SAFETY: layer.py and python/megamoe/deep_gemm.py pass live, contiguous tensors of the checked
+            // dtypes and shapes on each rank's device, which the caller's stream keeps alive
+            // until the call has run, and each rank's device's current stream.
+            let tensors = unsafe { device_tensors(ranks) };
+            // SAFETY: as above. Queuing only: the GIL stays held (no wait).
+            self.with(|l| unsafe { l.forward(&tensors, num_tokens_bound, &streams, true) })
+        }
+
+        /// Rows each local expert of rank `rank` received over the calls of `forward`.
+        fn expert_counts(&self, rank: usize) -> PyResult<Vec<u64>> {
+            self.with(|l| l.expert_counts(rank))
+        }
+
+        /// Waits for the layer's calls and raises what the device found since the last check.
+        fn check(&self, py: Python<'_>) -> PyResult<()> {
+            py.detach(|| self.with(|l| l.check()))
         }
     }
 

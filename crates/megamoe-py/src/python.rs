@@ -21,14 +21,15 @@ impl From<Error> for PyErr {
 /// and write), `local_bytes` (activations only this rank sees) and `weight_bytes` (its
 /// experts' FP8 weights and scales). Pure arithmetic: no GPU needed.
 ///
-/// `kind` is "fused" (one persistent kernel, the default) or "split"; `group` the columns per
-/// scale of the re-quantized intermediate (64 or 128; None: 128 when hidden and
-/// 2 * intermediate_hidden are multiples of 512, else 64); `clamp` the optional SwiGLU clamp.
+/// `kind` is "fused" (one persistent kernel, the default) or "split"; `scale_granularity` the
+/// columns per scale of the re-quantized intermediate (64 or 128; None: 128 when hidden and
+/// 2 * intermediate_hidden are multiples of 512, else 64; `group`, its old name, still works
+/// with a DeprecationWarning); `clamp` the optional SwiGLU clamp.
 /// Raises ValueError naming the argument for a shape the kernels do not take.
 #[pyfunction]
 #[pyo3(signature = (
     num_ranks, num_experts, num_max_tokens_per_rank, num_topk, hidden, intermediate_hidden,
-    kind = "fused", group = None, clamp = None
+    kind = "fused", scale_granularity = None, clamp = None, *, group = None
 ))]
 #[allow(clippy::too_many_arguments)] // DeepGEMM's signature, one argument per size.
 fn get_symm_buffer_size<'py>(
@@ -40,9 +41,26 @@ fn get_symm_buffer_size<'py>(
     hidden: i64,
     intermediate_hidden: i64,
     kind: &str,
-    group: Option<i64>,
+    scale_granularity: Option<i64>,
     clamp: Option<f64>,
+    group: Option<i64>,
 ) -> PyResult<Bound<'py, PyDict>> {
+    if group.is_some() {
+        let warning = py.get_type::<pyo3::exceptions::PyDeprecationWarning>();
+        let message = c"group= is renamed scale_granularity= (columns per scale of the \
+                        intermediate); group= goes away in the next release";
+        PyErr::warn(py, &warning, message, 1)?;
+    }
+    let group = match (scale_granularity, group) {
+        (Some(g), Some(old)) if g != old => {
+            return Err(Error::Value(format!(
+                "group: {old} contradicts scale_granularity {g} (group is its deprecated name; \
+                 pass scale_granularity alone)"
+            ))
+            .into())
+        }
+        (g, old) => g.or(old),
+    };
     let bytes = api::buffer_size(&LayerArgs {
         num_ranks,
         num_experts,

@@ -115,6 +115,17 @@ __device__ u32 check_bounds(const FusedRegions& r, const ep::comm::Signals& sig)
     return 0;
 }
 
+// Step 2, CTA 0 of a call every rank passed: adds the rows every rank routes to each of this
+// rank's experts (their published counts) to the caller's cumulative statistics.
+__device__ void count_received(const FusedRegions& r) {
+    const u32 local = u32(r.experts) / u32(r.ranks);
+    for (u32 j = threadIdx.x; j < local; j += blockDim.x) {
+        u32 rows = 0;
+        for (int src = 0; src < r.ranks; ++src) rows += published_counts(r, src)[u32(r.rank) * local + j];
+        atomicAdd(reinterpret_cast<int*>(r.recv_stats) + j, int(rows));
+    }
+}
+
 __device__ __forceinline__ gemm::Tile task_tile(const FusedRegions& r, const BlockInfo* blocks, u32 b, u32 n) {
     const BlockInfo blk = blocks[b];
     return gemm::Tile{blk.expert, 0, n * kBlockN, (b % r.ring_slots) * kBlockM, blk.rows, false};
@@ -382,6 +393,7 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, const FusedProbe
         s_slices_done[0] = s_slices_done[1] = 0;
     }
     __syncthreads();
+    if (blockIdx.x == 0 && s_bad == 0 && r.recv_stats != 0) count_received(r);
     if (blockIdx.x == 0 && s_bad == 0) {
         build_plan(r, reinterpret_cast<u32*>(base));
         ptx::fence_proxy_async_shared();

@@ -31,6 +31,7 @@ struct FusedRegions {
     u64 wait_record;  // this rank's megamoe::comm::WaitRecord
     u64 deadline_ns;
     u64 pull_ahead;   // the pull of block b waits for the first L1 task of b - pull_ahead
+    u64 recv_stats;   // i32 [E_l]: rows this call routes to each local expert are added; 0: none
     i32 rank, ranks, hidden, inter, experts, topk;
     i32 t_cap;       // token capacity: the stride of the send lists and the combine rows
     i32 tokens;      // this rank's T
@@ -73,8 +74,8 @@ struct FusedProbeParams {
     FusedProbe probe;
 };
 
-MEGAMOE_PARAMS_LAYOUT(FusedRegions, 34 * 8 + 16 * 4, 8);
-MEGAMOE_PARAMS_LAYOUT(FusedParams, 1344, 64);       // 448 · 2 + 64 + 336, rounded up to the alignment
+MEGAMOE_PARAMS_LAYOUT(FusedRegions, 35 * 8 + 16 * 4, 8);
+MEGAMOE_PARAMS_LAYOUT(FusedParams, 1344, 64);       // 448 · 2 + 64 + 344, rounded up to the alignment
 MEGAMOE_PARAMS_LAYOUT(FusedProbeParams, 1408, 64);  // 1344 + 24, rounded up to the alignment
 
 // Error codes of the buffer's error record (megamoe-core's layout; ep::ErrorRecord's shape).

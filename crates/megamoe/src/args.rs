@@ -9,7 +9,8 @@
 use std::fmt;
 
 use megamoe_core::limits::{self, Limit};
-use megamoe_core::plan::rules::{check_gran, default_gran};
+use megamoe_core::plan::rules::check_gran;
+use megamoe_core::quant::default_group;
 use megamoe_core::{Preset, Shape};
 
 /// Timed calls per measurement of a benchmark.
@@ -237,7 +238,7 @@ pub fn preset(name: &str, ranks: usize) -> Result<Preset, Usage> {
 pub fn gran(shape: &Shape, gran: Option<usize>) -> Result<usize, Usage> {
     match gran {
         Some(g) => check_gran(shape, g).map_err(|e| usage("--gran", e)),
-        None => Ok(default_gran(shape)),
+        None => Ok(default_group(shape)),
     }
 }
 

@@ -344,7 +344,7 @@ mod tests {
 
     fn layouts(preset: &str, t_max: usize) -> (SymmetricLayout, SymmetricLayout) {
         let shape = Preset::by_name(preset).unwrap().shape;
-        let g = rules::default_gran(&shape);
+        let g = crate::quant::default_group(&shape);
         let split = SymmetricLayout::new(Kernel::Split, &shape, 8, t_max, g).unwrap();
         let fused = SymmetricLayout::new(Kernel::Fused, &shape, 8, t_max, g).unwrap();
         (split, fused)

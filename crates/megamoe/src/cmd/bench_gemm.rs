@@ -96,7 +96,7 @@ pub struct BenchGemmArgs {
     pub json: Option<std::path::PathBuf>,
 }
 
-/// DeepGEMM 2.6.1 on our H200 (ANCHORS.md), flash, 128 experts, contiguous: (shape, rows, µs).
+/// DeepGEMM 2.6.1 on our H200 (docs/PEERS.md, "FP8 grouped GEMM"), flash, 128 experts, contiguous: (shape, rows, µs).
 const DEEPGEMM_US: &[(GemmShape, usize, f64)] = &[
     (GemmShape::L1, 32, 731.0),
     (GemmShape::L1, 192, 956.0),

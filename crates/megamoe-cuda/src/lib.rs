@@ -61,6 +61,7 @@
 pub mod bench;
 pub mod device;
 pub mod error;
+pub mod interface;
 pub mod interop;
 pub mod jit;
 pub mod kernels;

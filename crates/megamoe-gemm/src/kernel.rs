@@ -10,6 +10,7 @@ use crate::heuristics::{all_configs, GemmConfig, OutDtype};
 pub const HEADERS: Headers = megamoe_cuda::header_set!(
     "device",
     [
+        "megamoe_gemm/pipeline/roles.cuh",
         "megamoe_gemm/pipeline/barriers.cuh",
         "megamoe_gemm/mma/wgmma.cuh",
         "megamoe_gemm/mma/mainloop_params.cuh",

@@ -53,6 +53,7 @@ pub const HEADERS: Headers = header_set!(
         "megamoe/ptx/mbarrier.cuh",
         "megamoe/ptx/tma.cuh",
         "megamoe/ptx/sync.cuh",
+        "megamoe/comm/wait_record.cuh",
         "megamoe/comm/deadline.cuh",
         "megamoe/comm/barrier.cuh",
         "megamoe/impls/quant_e4m3.cuh",

@@ -1,7 +1,8 @@
 // The fused kernel's waits between CTAs of one rank: per-m-block counters (rows pulled, L1 and
 // L2 warpgroup-tasks done) and the grid barrier after the call's plan is built. Every wait has
 // the call's deadline; one that expires is recorded in the rank's WaitRecord (wait id, rank,
-// the block or barrier, the value seen and expected) and returns false.
+// the block or barrier, the value seen and expected) and returns false. The wait ids: FusedWait
+// (impls/fused_params.cuh).
 #pragma once
 #include <megamoe/comm/deadline.cuh>
 #include <megamoe/ptx/memory.cuh>
@@ -9,17 +10,11 @@
 
 namespace megamoe::layer {
 
-// This crate's wait ids (named by `megamoe_layer::fused::WAITS`).
-enum FusedWait : u32 {
-    kWaitRowsPulled = 0x300,  // an L1 task waits for its m-block's rows
-    kWaitL1Done = 0x301,      // an L2 task waits for every L1 task of its m-block
-    kWaitSlotFree = 0x302,    // a pull waits for the L2 tasks of the slot's previous m-block
-    kWaitGrid = 0x303,        // the grid barrier after the plan
-    kWaitPullTurn = 0x304,    // a pull waits for the L1 frontier to come within pull_ahead blocks
-    kWaitSlicesDone = 0x305,  // the releaser waits for a consumer warpgroup's slice of a task
-    kWaitTaskSlot = 0x306,    // the producer waits for the consumers to read a task slot's last task
-    kWaitTaskReady = 0x307,   // a consumer warp waits for the producer to hand over its next task
-};
+// Signal kinds of the fused kernel (ep::comm::Signals counters): a rank's routing is published;
+// a rank has written every L2 row it owes the others.
+enum FusedSignal : int { kRoutingReady = 0, kRowsWritten = 1 };
+// Its call counter (the epochs region's first word).
+constexpr int kFusedFamily = 0;
 
 // Counters of one m-block, zeroed by every call before its grid barrier.
 struct BlockFlags {

@@ -15,11 +15,6 @@
 
 namespace megamoe::layer {
 
-constexpr u32 kBlockM = 128;      // rows of an m-block and of a ring slot
-constexpr u32 kBlockN = 256;      // columns of a task's tile
-constexpr u32 kUnitBlocks = 8;    // megamoe-core plan::rules::UNIT_BLOCKS
-constexpr u32 kGroupUnits = 4;    // megamoe-core plan::rules::GROUP_UNITS
-
 enum TaskKind : u32 { kL1 = 0, kL2 = 1 };
 
 struct PlanHeader {

@@ -210,7 +210,11 @@ impl Item {
 }
 
 fn comment(out: &mut String, indent: &str, lines: &[&str]) {
-    for line in lines.iter().filter(|l| !l.is_empty()) {
+    for line in lines
+        .iter()
+        .flat_map(|l| l.split('\n'))
+        .filter(|l| !l.is_empty())
+    {
         // Rust doc links read as plain code names.
         let line = line.trim_end().replace("[`", "`").replace("`]", "`");
         let _ = writeln!(out, "{indent}//{line}");

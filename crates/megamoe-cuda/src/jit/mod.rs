@@ -56,6 +56,7 @@ pub const HEADERS: Headers = header_set!(
         "megamoe/comm/wait_record.cuh",
         "megamoe/comm/deadline.cuh",
         "megamoe/comm/barrier.cuh",
+        "megamoe/impls/params.cuh",
         "megamoe/impls/quant_e4m3.cuh",
         "megamoe/impls/nvlink_copy.cuh",
         "megamoe/impls/rank_barrier.cuh",

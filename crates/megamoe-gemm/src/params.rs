@@ -7,6 +7,7 @@ use megamoe_cuda::interface::{DeviceStruct, GeneratedHeader, Item};
 use megamoe_cuda::TensorMap;
 
 use crate::grouped::WAITS;
+use crate::heuristics::{MAX_EXPERTS, MAX_K_BLOCKS};
 use crate::kernel::THREADS;
 
 megamoe_cuda::device_struct! {
@@ -96,6 +97,18 @@ pub fn generated_headers() -> Vec<GeneratedHeader> {
                     "kThreads",
                     "u32",
                     THREADS,
+                ),
+                Item::constant(
+                    " Experts a launch may have (their row counts are staged in shared memory).",
+                    "kMaxExperts",
+                    "int",
+                    MAX_EXPERTS,
+                ),
+                Item::constant(
+                    " Longest K, in 128-wide blocks (a tile's weight scales are staged in shared memory).",
+                    "kMaxKBlocks",
+                    "int",
+                    MAX_K_BLOCKS,
                 ),
                 Item::waits(
                     " The kernel's waits, in this crate's range of wait ids.",

@@ -451,11 +451,14 @@ pub fn fused_spec(group: usize, probe: bool) -> KernelSpec {
     };
     let source = format!(
         "#include <megamoe_layer/impls/fused.cuh>\n\
+         static_assert(megamoe::gemm::SmemLayout<{SLOT_ROWS}, {FUSED_BLOCK_N}, {stages}, {group}>::kBytes + 1024\n\
+         \x20             == {smem}, \"the host's shared-memory plan\");\n\
          extern \"C\" __global__ void __launch_bounds__({threads}, 1)\n\
          {name}(const __grid_constant__ megamoe::layer::{params} p) {{\n\
          \x20   megamoe::layer::fused_moe<{stages}, {group}, {probe}>({call});\n\
          }}\n",
         threads = megamoe_gemm::kernel::THREADS,
+        smem = fused_smem_bytes(group),
     );
     KernelSpec {
         name: name.clone(),

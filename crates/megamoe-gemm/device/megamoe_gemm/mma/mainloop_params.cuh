@@ -10,6 +10,12 @@ namespace megamoe::gemm {
 // Threads per CTA: two consumer warpgroups and one producer warpgroup.
 constexpr u32 kThreads = 384;
 
+// Experts a launch may have (their row counts are staged in shared memory).
+constexpr int kMaxExperts = 1024;
+
+// Longest K, in 128-wide blocks (a tile's weight scales are staged in shared memory).
+constexpr int kMaxKBlocks = 128;
+
 // The kernel's waits, in this crate's range of wait ids.
 enum WaitId : u32 {
     kWaitFull = 0x100,  // consumer waiting for a stage's TMA data (full barrier)

@@ -432,6 +432,42 @@ mod tests {
     }
 
     #[test]
+    fn the_fused_offsets_are_the_fused_regions_in_order() {
+        let (split, fused) = layouts("pro", 3000);
+        assert_eq!(split.fused, None);
+        let o = fused.fused.unwrap();
+        let typed = [
+            o.epochs,
+            o.signals,
+            o.x,
+            o.x_scales,
+            o.topk_idx,
+            o.topk_weights,
+            o.counts,
+            o.send_list,
+            o.l1_pool,
+            o.l1_pool_scales,
+            o.l2_pool,
+            o.l2_pool_scales,
+            o.ring_weights,
+            o.row_dest,
+            o.plan,
+            o.src_base,
+            o.blocks,
+            o.segments,
+            o.block_flags,
+            o.expert_l2,
+            o.expert_done,
+            o.grid_barrier,
+            o.combine,
+            o.error,
+        ];
+        let listed: Vec<u64> = fused.regions.iter().map(|r| r.offset).collect();
+        assert_eq!(typed.to_vec(), listed);
+        assert_eq!(fused.region("send_list").unwrap().offset, o.send_list);
+    }
+
+    #[test]
     fn below_the_lag_threshold_the_fused_pool_is_the_full_pool() {
         let (split, fused) = layouts("flash", 512);
         assert_eq!(split.pool_rows, fused.pool_rows);

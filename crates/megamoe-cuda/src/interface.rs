@@ -225,7 +225,7 @@ fn comment(out: &mut String, indent: &str, lines: &[&str]) {
 #[derive(Debug, Clone)]
 pub struct GeneratedHeader {
     pub path: &'static str,
-    /// The Rust file that lists its items, from the repository's root.
+    /// The Rust file that lists its items, from the repository's root (`file!()`).
     pub source: &'static str,
     /// What the header is, one or more comment lines.
     pub about: &'static [&'static str],

@@ -219,7 +219,7 @@ pub fn tma_check() -> KernelSpec {
 pub fn generated_header() -> GeneratedHeader {
     GeneratedHeader {
         path: "megamoe/impls/params.cuh",
-        source: "crates/megamoe-cuda/src/kernels.rs",
+        source: file!(),
         about: &[" The parameters of this crate's kernels (impls/)."],
         includes: &["megamoe/ptx/tma.cuh"],
         namespace: "megamoe::impls",

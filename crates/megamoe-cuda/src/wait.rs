@@ -64,7 +64,7 @@ crate::device_struct! {
 pub fn generated_header() -> GeneratedHeader {
     GeneratedHeader {
         path: "megamoe/comm/wait_record.cuh",
-        source: "crates/megamoe-cuda/src/wait.rs",
+        source: file!(),
         about: &[
             " What a device wait that ran past its deadline records (comm/deadline.cuh), and the",
             " runtime's own waits. Other crates number theirs in ranges of their own (see",

@@ -315,7 +315,7 @@ pub fn generated_header() -> GeneratedHeader {
     ];
     GeneratedHeader {
         path: "megamoe_ep/params.cuh",
-        source: "crates/megamoe-ep/src/params.rs",
+        source: file!(),
         about: &[
             " Kernel parameter structs, codes and constants of dispatch and combine. Every kernel",
             " takes exactly one of the structs as `const __grid_constant__ Params p`.",

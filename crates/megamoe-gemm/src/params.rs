@@ -83,7 +83,7 @@ pub fn generated_headers() -> Vec<GeneratedHeader> {
     vec![
         GeneratedHeader {
             path: "megamoe_gemm/mma/mainloop_params.cuh",
-            source: "crates/megamoe-gemm/src/params.rs",
+            source: file!(),
             about: &[
                 " The mainloop's side of the host/device interface: the threads of a CTA that runs",
                 " its roles (pipeline/roles.cuh), its waits and its params.",
@@ -121,7 +121,7 @@ pub fn generated_headers() -> Vec<GeneratedHeader> {
         },
         GeneratedHeader {
             path: "megamoe_gemm/impls/grouped_gemm_params.cuh",
-            source: "crates/megamoe-gemm/src/params.rs",
+            source: file!(),
             about: &[" The grouped GEMM kernels' single parameter struct and its pieces."],
             includes: &[
                 "megamoe/ptx/tma.cuh",

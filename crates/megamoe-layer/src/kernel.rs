@@ -248,7 +248,7 @@ pub const FUSED_BLOCK_N: usize = 256;
 
 /// The device headers generated from this crate's declarations.
 pub fn generated_headers() -> Vec<GeneratedHeader> {
-    let source = "crates/megamoe-layer/src/kernel.rs";
+    let source = file!();
     let namespace = "megamoe::layer";
     vec![
         GeneratedHeader {

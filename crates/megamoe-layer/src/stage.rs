@@ -77,7 +77,7 @@ pub const STAGE_THREADS: u32 = 1024;
 pub(crate) fn generated_header() -> GeneratedHeader {
     GeneratedHeader {
         path: "megamoe_layer/impls/stage_params.cuh",
-        source: "crates/megamoe-layer/src/stage.rs",
+        source: file!(),
         about: &[
             " The staging kernel's parameters and its record of a bad routing (impls/stage.cuh).",
         ],

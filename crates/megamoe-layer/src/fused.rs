@@ -38,10 +38,10 @@ use crate::call::{
 use crate::error::{LayerError, Result};
 use crate::inputs::{append_staged, download_outputs};
 use crate::kernel::{
-    comm_sms, fused_smem_bytes, fused_spec, CtaTrace, FusedParams, FusedProbe, FusedProbeParams,
-    FusedRegions, SwigluQuant, TaskTrace, FUSED_BAD_BOUND, FUSED_BLOCK_N, FUSED_CORRUPT_COUNT,
-    FUSED_NO_FAULT, FUSED_RING_OVERFLOW, FUSED_SLOW_PEER, FUSED_STOP_AFTER_ROUTING,
-    FUSED_STOP_MID_COMBINE, FUSED_STOP_MID_TASKS,
+    comm_sms, fused_smem_bytes, fused_spec, BlockInfo, CtaTrace, FusedParams, FusedProbe,
+    FusedProbeParams, FusedRegions, PlanHeader, Segment, SwigluQuant, TaskTrace, FUSED_BAD_BOUND,
+    FUSED_BLOCK_N, FUSED_CORRUPT_COUNT, FUSED_NO_FAULT, FUSED_RING_OVERFLOW, FUSED_SLOW_PEER,
+    FUSED_STOP_AFTER_ROUTING, FUSED_STOP_MID_COMBINE, FUSED_STOP_MID_TASKS,
 };
 use crate::spec::LayerSpec;
 use crate::stage::{StageParams, Stager};
@@ -917,12 +917,12 @@ impl FusedLayer {
     }
 
     /// Rank `rank`'s plan of the last finished call: m-blocks, stream segments, tasks, status.
-    pub(crate) fn plan_header(&self, rank: usize) -> Result<[u32; 4]> {
-        let mut h = [0u32; 4];
+    pub(crate) fn plan_header(&self, rank: usize) -> Result<PlanHeader> {
+        let mut h = [PlanHeader::default()];
         self.buffers
             .local(rank)
             .download_into(self.offsets.plan as usize, &mut h)?;
-        Ok(h)
+        Ok(h[0])
     }
 
     /// Rank `rank`'s plan of the last finished call as its kernel built it, in megamoe-core's
@@ -934,22 +934,24 @@ impl FusedLayer {
         rank: usize,
         staged: &FusedStaged,
     ) -> Result<(StreamParams, Vec<[u32; 3]>, Vec<Task>)> {
-        let [n_blocks, n_segments, _, _] = self.plan_header(rank)?;
+        let h = self.plan_header(rank)?;
         let buf = self.buffers.local(rank);
-        let mut blocks = vec![0u32; 4 * n_blocks as usize];
+        let mut blocks = vec![BlockInfo::default(); h.n_blocks as usize];
         buf.download_into(self.offsets.blocks as usize, &mut blocks)?;
-        let mut segments = vec![0u32; 4 * n_segments as usize];
+        let mut segments = vec![Segment::default(); h.n_segments as usize];
         buf.download_into(self.offsets.segments as usize, &mut segments)?;
         let r = &self.local(rank).params.r;
         let (n1, n2) = (r.n1 as u32, r.n2 as u32);
         let mut tasks = Vec::new();
-        for seg in segments.chunks_exact(4) {
-            let (kind, n_tiles) = match seg[0] {
-                0 => (TaskKind::L1, n1),
-                _ => (TaskKind::L2, n2),
+        for seg in segments {
+            let (kind, n_tiles) = if seg.kind == TaskKind::L1 as u32 {
+                (TaskKind::L1, n1)
+            } else {
+                (TaskKind::L2, n2)
             };
+            let blocks = seg.first_block..seg.first_block + seg.n_blocks;
             for n in 0..n_tiles {
-                tasks.extend((seg[1]..seg[1] + seg[2]).map(|block| Task { kind, block, n }));
+                tasks.extend(blocks.clone().map(|block| Task { kind, block, n }));
             }
         }
         let order = match staged.lag_units() {
@@ -963,7 +965,10 @@ impl FusedLayer {
             n2 as usize,
             staged.ring_slots,
         );
-        let blocks = blocks.chunks_exact(4).map(|b| [b[0], b[1], b[2]]).collect();
+        let blocks = blocks
+            .iter()
+            .map(|b| [b.expert, b.first_row, b.rows])
+            .collect();
         Ok((params, blocks, tasks))
     }
 

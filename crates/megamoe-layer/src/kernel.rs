@@ -6,9 +6,12 @@
 //! ring of stages.
 
 use megamoe_core::plan::buffer::{MAX_RANKS, MAX_TOPK};
-use megamoe_core::plan::layout::{fused_max_blocks, fused_max_segments, FusedOffsets};
+use megamoe_core::plan::layout::{
+    fused_max_blocks, fused_max_segments, FusedOffsets, EXPERT_L2_BYTES, PLAN_ENTRY_BYTES,
+    PLAN_HEADER_BYTES,
+};
 use megamoe_core::plan::rules::{GROUP_UNITS, PULL_AHEAD_BLOCKS, SLOT_ROWS, UNIT_BLOCKS};
-use megamoe_core::plan::SymmetricLayout;
+use megamoe_core::plan::{SymmetricLayout, TaskKind};
 use megamoe_cuda::interface::{DeviceStruct, GeneratedHeader, Item};
 use megamoe_cuda::jit::Headers;
 use megamoe_cuda::KernelSpec;
@@ -226,6 +229,88 @@ megamoe_cuda::device_struct! {
     }
 }
 
+megamoe_cuda::device_struct! {
+    #[device(namespace = "megamoe::layer")]
+    /// The call's plan as the kernel built it (the `plan` region).
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct PlanHeader {
+        pub n_blocks: u32,
+        pub n_segments: u32,
+        pub n_tasks: u32,
+        /// 0, or the `FusedError` that made every rank skip the call.
+        pub status: u32,
+    }
+}
+
+megamoe_cuda::device_struct! {
+    #[device(namespace = "megamoe::layer")]
+    /// One m-block of the plan (the `blocks` region).
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct BlockInfo {
+        /// Local expert.
+        pub expert: u32,
+        /// Inside the expert's rows (ordered by source rank, then token).
+        pub first_row: u32,
+        pub rows: u32,
+        pub pad: u32,
+    }
+}
+
+megamoe_cuda::device_struct! {
+    #[device(namespace = "megamoe::layer")]
+    /// One segment of the task stream (the `segments` region): tasks of one kind over
+    /// consecutive m-blocks.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct Segment {
+        /// A `TaskKind`.
+        pub kind: u32,
+        pub first_block: u32,
+        pub n_blocks: u32,
+        pub first_task: u32,
+    }
+}
+
+megamoe_cuda::device_struct! {
+    #[device(namespace = "megamoe::layer")]
+    /// Counters of one m-block (the `block_flags` region), zeroed by every call before its grid
+    /// barrier.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct BlockFlags {
+        /// Rows of the block in its ring slot.
+        pub rows_pulled: u32,
+        /// L1 warpgroup-tasks done (2 per task).
+        pub l1_done: u32,
+        /// L2 warpgroup-tasks done (2 per task).
+        pub l2_done: u32,
+        /// 1 once the block's first L1 task is handed out (its producer reached it).
+        pub l1_started: u32,
+    }
+}
+
+megamoe_cuda::device_struct! {
+    #[device(namespace = "megamoe::layer")]
+    /// A local expert's L2 warpgroup-tasks (the `expert_l2` region): done (zeroed by every call
+    /// before its grid barrier, like the block counters) and owed (its m-blocks · n2 · 2,
+    /// written by the plan).
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct ExpertL2 {
+        pub done: u32,
+        pub owed: u32,
+    }
+}
+
+// The sizes megamoe-core's fused layout gives the regions of these records.
+const _: () = assert!(std::mem::size_of::<PlanHeader>() == PLAN_HEADER_BYTES);
+const _: () = assert!(std::mem::size_of::<BlockInfo>() == PLAN_ENTRY_BYTES);
+const _: () = assert!(std::mem::size_of::<Segment>() == PLAN_ENTRY_BYTES);
+const _: () = assert!(std::mem::size_of::<BlockFlags>() == PLAN_ENTRY_BYTES);
+const _: () = assert!(std::mem::size_of::<ExpertL2>() == EXPERT_L2_BYTES);
+
 /// The faults of the probe instantiation (device: `FusedFault`).
 pub const FUSED_NO_FAULT: u32 = 0;
 /// The rank publishes its routing, then stops.
@@ -353,6 +438,17 @@ pub fn generated_headers() -> Vec<GeneratedHeader> {
                         "kWaitTaskReady",
                     ],
                 ),
+                Item::enumeration(
+                    " A task's GEMM (megamoe-core's `TaskKind`).",
+                    "TaskKind",
+                    "u32",
+                    &[("kL1", TaskKind::L1 as i64), ("kL2", TaskKind::L2 as i64)],
+                ),
+                PlanHeader::declaration(),
+                BlockInfo::declaration(),
+                Segment::declaration(),
+                BlockFlags::declaration(),
+                ExpertL2::declaration(),
                 CtaTrace::declaration(),
                 TaskTrace::declaration(),
             ],

@@ -200,8 +200,12 @@ impl SymmetricLayout {
 
 /// Bytes of one m-block's entry in the plan (expert, first row, rows, pad: u32 each), of one
 /// stream segment (kind, first block, blocks, first task) and of one block's counters (rows
-/// pulled, L1 and L2 warpgroup-tasks done, pad).
+/// pulled, L1 and L2 warpgroup-tasks done, L1 started).
 pub const PLAN_ENTRY_BYTES: usize = 16;
+/// Bytes of the plan's header: blocks, segments, tasks, status (u32 each).
+pub const PLAN_HEADER_BYTES: usize = 16;
+/// Bytes of a local expert's L2 counters: warpgroup-tasks done and owed (u32 each).
+pub const EXPERT_L2_BYTES: usize = 8;
 
 /// Most m-blocks of 128 rows one call of a fused buffer can have.
 pub fn fused_max_blocks(shape: &Shape, ranks: usize, t_cap: usize) -> usize {
@@ -334,7 +338,7 @@ fn fused_regions(
             &mut c,
             "plan",
             "u32 [4]: blocks, segments, tasks, status".into(),
-            16,
+            PLAN_HEADER_BYTES,
         ),
         src_base: push(
             &mut c,
@@ -364,7 +368,7 @@ fn fused_regions(
             &mut c,
             "expert_l2",
             format!("u32 [{local}, 2]: per local expert, L2 warpgroup-tasks done and owed"),
-            local * 8,
+            local * EXPERT_L2_BYTES,
         ),
         expert_done: push(
             &mut c,

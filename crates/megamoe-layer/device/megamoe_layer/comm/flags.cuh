@@ -16,24 +16,9 @@ enum FusedSignal : int { kRoutingReady = 0, kRowsWritten = 1 };
 // Its call counter (the epochs region's first word).
 constexpr int kFusedFamily = 0;
 
-// Counters of one m-block, zeroed by every call before its grid barrier.
-struct BlockFlags {
-    u32 rows_pulled;  // rows of the block in its ring slot
-    u32 l1_done;      // L1 warpgroup-tasks done (2 per task)
-    u32 l2_done;      // L2 warpgroup-tasks done (2 per task)
-    u32 l1_started;   // 1 once the block's first L1 task is handed out (its producer reached it)
-};
-
 __device__ __forceinline__ BlockFlags* block_flags(const FusedRegions& r) {
     return reinterpret_cast<BlockFlags*>(reinterpret_cast<char*>(r.peer_base[r.rank]) + r.off_block_flags);
 }
-
-// A local expert's L2 warpgroup-tasks: done (zeroed by every call before its grid barrier, like
-// the block counters) and owed (its m-blocks · n2 · 2, written by the plan).
-struct ExpertL2 {
-    u32 done;
-    u32 owed;
-};
 
 __device__ __forceinline__ ExpertL2* expert_l2(const FusedRegions& r) {
     return reinterpret_cast<ExpertL2*>(reinterpret_cast<char*>(r.peer_base[r.rank]) + r.off_expert_l2);

@@ -158,6 +158,67 @@ enum FusedWait : u32 {
     kWaitTaskReady = 0x307,  // a consumer warp waiting for the producer to hand over its next task
 };
 
+// A task's GEMM (megamoe-core's `TaskKind`).
+enum TaskKind : u32 {
+    kL1 = 0,
+    kL2 = 1,
+};
+
+// The call's plan as the kernel built it (the `plan` region).
+struct PlanHeader {
+    u32 n_blocks;
+    u32 n_segments;
+    u32 n_tasks;
+    // 0, or the `FusedError` that made every rank skip the call.
+    u32 status;
+};
+MEGAMOE_PARAMS_LAYOUT(PlanHeader, 16, 4);
+
+// One m-block of the plan (the `blocks` region).
+struct BlockInfo {
+    // Local expert.
+    u32 expert;
+    // Inside the expert's rows (ordered by source rank, then token).
+    u32 first_row;
+    u32 rows;
+    u32 pad;
+};
+MEGAMOE_PARAMS_LAYOUT(BlockInfo, 16, 4);
+
+// One segment of the task stream (the `segments` region): tasks of one kind over
+// consecutive m-blocks.
+struct Segment {
+    // A `TaskKind`.
+    u32 kind;
+    u32 first_block;
+    u32 n_blocks;
+    u32 first_task;
+};
+MEGAMOE_PARAMS_LAYOUT(Segment, 16, 4);
+
+// Counters of one m-block (the `block_flags` region), zeroed by every call before its grid
+// barrier.
+struct BlockFlags {
+    // Rows of the block in its ring slot.
+    u32 rows_pulled;
+    // L1 warpgroup-tasks done (2 per task).
+    u32 l1_done;
+    // L2 warpgroup-tasks done (2 per task).
+    u32 l2_done;
+    // 1 once the block's first L1 task is handed out (its producer reached it).
+    u32 l1_started;
+};
+MEGAMOE_PARAMS_LAYOUT(BlockFlags, 16, 4);
+
+// A local expert's L2 warpgroup-tasks (the `expert_l2` region): done (zeroed by every call
+// before its grid barrier, like the block counters) and owed (its m-blocks · n2 · 2,
+// written by the plan).
+struct ExpertL2 {
+    u32 done;
+    u32 owed;
+};
+MEGAMOE_PARAMS_LAYOUT(ExpertL2, 8, 4);
+
 // One CTA's part of the timeline: the times (globaltimer ns) its phases end.
 struct CtaTrace {
     u64 start;

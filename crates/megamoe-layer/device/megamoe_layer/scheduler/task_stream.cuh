@@ -15,24 +15,6 @@
 
 namespace megamoe::layer {
 
-enum TaskKind : u32 { kL1 = 0, kL2 = 1 };
-
-struct PlanHeader {
-    u32 n_blocks, n_segments, n_tasks;
-    u32 status;  // 0, or the FusedError that made every rank skip the call
-};
-
-struct BlockInfo {
-    u32 expert;     // local expert
-    u32 first_row;  // inside the expert's rows (ordered by source rank, then token)
-    u32 rows;
-    u32 pad;
-};
-
-struct Segment {
-    u32 kind, first_block, n_blocks, first_task;
-};
-
 __device__ __forceinline__ char* local_buf(const FusedRegions& r) { return reinterpret_cast<char*>(r.peer_base[r.rank]); }
 __device__ __forceinline__ PlanHeader* plan_header(const FusedRegions& r) {
     return reinterpret_cast<PlanHeader*>(local_buf(r) + r.off_plan);

@@ -15,12 +15,11 @@ constexpr u32 kProducerWarp = kMathWarps;  // warp 8, the first of the producer 
 static_assert(kThreads == (kMathWarps + 4) * 32, "two consumer warpgroups and the producer warpgroup");
 
 // Registers per thread by warpgroup (setmaxnreg is warpgroup-wide). The CTA's pool is what the
-// launch gave it, kThreads x kLaunchRegs: the consumers may only take what the producer
-// warpgroup gives back.
-constexpr u32 kLaunchRegs = 168;
+// launch gave it, kThreads x kLaunchRegs (one CTA per SM: the SM's 64 Ki registers, allocated in
+// multiples of 8 per thread): the consumers may only take what the producer warpgroup gives back.
+constexpr u32 kLaunchRegs = 65536 / kThreads / 8 * 8;
 constexpr u32 kProducerRegs = 40;
 constexpr u32 kConsumerRegs = 232;
-static_assert(kThreads * kLaunchRegs <= 65536, "the launch's registers fit the SM");
 static_assert(256 * (kConsumerRegs - kLaunchRegs) <= 128 * (kLaunchRegs - kProducerRegs), "the CTA's pool");
 
 // Every named barrier of the kernels. Id 0 is __syncthreads.

@@ -6,6 +6,7 @@
 #pragma once
 #include <megamoe/comm/deadline.cuh>
 #include <megamoe/ptx/memory.cuh>
+#include <megamoe_ep/params.cuh>
 #include <megamoe_layer/impls/fused_params.cuh>
 
 namespace megamoe::layer {
@@ -13,6 +14,7 @@ namespace megamoe::layer {
 // Signal kinds of the fused kernel (ep::comm::Signals counters): a rank's routing is published;
 // a rank has written every L2 row it owes the others.
 enum FusedSignal : int { kRoutingReady = 0, kRowsWritten = 1 };
+static_assert(kRowsWritten < ep::kNumSignals, "a counter of the buffer's signal region");
 // Its call counter (the epochs region's first word).
 constexpr int kFusedFamily = 0;
 

@@ -278,24 +278,32 @@ impl GeneratedHeader {
 /// `MEGAMOE_WRITE_HEADERS=1` rewrites those that differ, else panics naming them.
 pub fn check_headers(crate_dir: &str, headers: &[GeneratedHeader]) {
     let write = std::env::var(WRITE_HEADERS).is_ok_and(|v| v == "1");
-    let mut stale = Vec::new();
-    for h in headers {
-        let path = Path::new(crate_dir).join("device").join(h.path);
-        let text = h.render();
-        if std::fs::read_to_string(&path).ok().as_deref() != Some(text.as_str()) {
-            if write {
-                std::fs::write(&path, &text)
-                    .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
-            } else {
-                stale.push(path.display().to_string());
-            }
-        }
-    }
+    let stale = stale_headers(Path::new(crate_dir), headers, write);
     assert!(
         stale.is_empty(),
         "generated headers differ from their Rust declarations: {stale:?}; \
          `{WRITE_HEADERS}=1 cargo test --workspace generated_headers` rewrites them"
     );
+}
+
+/// The files of `headers` that differ from their text, rewritten when `write` (then none is
+/// returned).
+fn stale_headers(crate_dir: &Path, headers: &[GeneratedHeader], write: bool) -> Vec<String> {
+    let mut stale = Vec::new();
+    for h in headers {
+        let path = crate_dir.join("device").join(h.path);
+        let text = h.render();
+        if std::fs::read_to_string(&path).ok().as_deref() == Some(text.as_str()) {
+            continue;
+        }
+        if write {
+            std::fs::write(&path, &text)
+                .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+        } else {
+            stale.push(path.display().to_string());
+        }
+    }
+    stale
 }
 
 /// Declares a `#[repr(C)]` struct shared with the kernels: the Rust struct (plain data,
@@ -434,6 +442,32 @@ MEGAMOE_PARAMS_LAYOUT(Example, 32, 16);
 }  // namespace megamoe::test
 ";
         assert_eq!(text, expected);
+    }
+
+    #[test]
+    fn a_stale_header_is_named_and_rewritten_on_request() {
+        let dir = std::env::temp_dir().join(format!("megamoe-interface-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("device")).unwrap();
+        let h = GeneratedHeader {
+            path: "x.cuh",
+            source: "src/interface.rs",
+            about: &[],
+            includes: &[],
+            namespace: "megamoe::test",
+            preamble: &[],
+            items: vec![Example::declaration()],
+        };
+        let file = dir.join("device/x.cuh");
+        std::fs::write(&file, "struct Example { u64 ptr; };\n").unwrap();
+        let headers = [h];
+        assert_eq!(
+            stale_headers(&dir, &headers, false),
+            [file.display().to_string()]
+        );
+        assert!(stale_headers(&dir, &headers, true).is_empty());
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), headers[0].render());
+        assert!(stale_headers(&dir, &headers, false).is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

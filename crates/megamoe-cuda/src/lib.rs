@@ -43,6 +43,9 @@
 //!   `#include <megamoe/ptx/memory.cuh>`. Registry hook: each crate exposes
 //!   `kernel_specs() -> Vec<KernelSpec>`; its tests call [`jit::assert_compiles_clean`].
 //! - [`TiledMap::encode`] → [`TensorMap`], 128 bytes aligned to 64, embedded in params.
+//! - [`interface`]: the host/device interface declared once, in Rust: [`device_struct!`] params
+//!   structs, constants and codes, from which every crate generates the headers its kernels
+//!   include (a test per crate fails when one is stale).
 //! - [`WaitRecord`]: what a device-side wait that ran past its deadline records, the one
 //!   channel of expired waits of every crate, decoded into [`Error::WaitTimeout`]; each crate
 //!   names its own waits ([`WaitNames`]; the runtime's are [`Wait`]).
@@ -61,6 +64,7 @@
 pub mod bench;
 pub mod device;
 pub mod error;
+pub mod interface;
 pub mod interop;
 pub mod jit;
 pub mod kernels;

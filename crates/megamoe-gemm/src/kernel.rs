@@ -10,6 +10,7 @@ use crate::heuristics::{all_configs, GemmConfig, OutDtype};
 pub const HEADERS: Headers = megamoe_cuda::header_set!(
     "device",
     [
+        "megamoe_gemm/pipeline/roles.cuh",
         "megamoe_gemm/pipeline/barriers.cuh",
         "megamoe_gemm/mma/wgmma.cuh",
         "megamoe_gemm/mma/mainloop_params.cuh",
@@ -38,6 +39,8 @@ pub fn kernel_spec(config: &GemmConfig) -> KernelSpec {
     let name = config.kernel_name();
     let source = format!(
         "#include <megamoe_gemm/impls/grouped_gemm.cuh>\n\
+         static_assert(megamoe::gemm::SmemLayout<{bm}, {bn}, {stages}, {g}>::kBytes + 1024 == {smem},\n\
+         \x20             \"the host's shared-memory plan\");\n\
          extern \"C\" __global__ void __launch_bounds__({THREADS}, 1)\n\
          {name}(const __grid_constant__ megamoe::gemm::GroupedGemmParams p) {{\n\
          \x20   using Scheduler = megamoe::gemm::TileScheduler<{bm}, {bn}, {masked}, {cluster}>;\n\
@@ -53,6 +56,7 @@ pub fn kernel_spec(config: &GemmConfig) -> KernelSpec {
         cluster = config.cluster_m,
         a_regs = config.a_regs,
         pipelined = config.pipelined,
+        smem = config.smem_bytes(),
     );
     KernelSpec {
         name: name.clone(),

@@ -17,19 +17,20 @@
 use std::sync::Arc;
 
 use half::bf16;
+use megamoe_core::plan::buffer::MAX_RANKS;
+use megamoe_core::plan::layout::FusedOffsets;
 use megamoe_core::plan::rules::{call_order, Order, RingSizing, SLOT_ROWS};
 use megamoe_core::plan::{Kernel, StreamParams, SymmetricLayout, Task, TaskKind};
 use megamoe_core::weights::RankWeightsFp8;
 use megamoe_core::Error;
 use megamoe_cuda::wait::{deadline_ns, DEFAULT_DEADLINE};
 use megamoe_cuda::{
-    jit, AllGather, DeviceBuffer, Gpu, Kernel as CudaKernel, LaunchConfig, Quantizer,
+    jit, AllGather, DeviceBuffer, Gpu, Kernel as CudaKernel, LaunchConfig, Quantizer, Rank,
     SymmetricBuffer, WaitNames, World,
 };
 use megamoe_ep::params::ErrorRecord;
-use megamoe_gemm::grouped::gemm_params;
-use megamoe_gemm::heuristics::{GemmConfig, GemmProblem, Layout, OutDtype};
-use megamoe_gemm::GemmPointers;
+use megamoe_gemm::grouped::MainloopOperands;
+use megamoe_gemm::kernel::THREADS;
 
 use crate::call::{
     check_bound, check_call, check_lengths, Activations, DeviceRankTensors, IndexType, RankInput,
@@ -37,14 +38,14 @@ use crate::call::{
 use crate::error::{LayerError, Result};
 use crate::inputs::{append_staged, download_outputs};
 use crate::kernel::{
-    comm_sms, fused_smem_bytes, fused_spec, l1_config, FusedParams, FusedProbeParams, FusedRegions,
-    SwigluQuant, FUSED_BAD_BOUND, FUSED_CORRUPT_COUNT, FUSED_NO_FAULT, FUSED_RING_OVERFLOW,
-    FUSED_SLOW_PEER, FUSED_STOP_AFTER_ROUTING, FUSED_STOP_MID_COMBINE, FUSED_STOP_MID_TASKS,
-    FUSED_THREADS,
+    comm_sms, fused_smem_bytes, fused_spec, BlockInfo, CtaTrace, FusedParams, FusedProbe,
+    FusedProbeParams, FusedRegions, PlanHeader, Segment, SwigluQuant, TaskTrace, FUSED_BAD_BOUND,
+    FUSED_BLOCK_N, FUSED_CORRUPT_COUNT, FUSED_NO_FAULT, FUSED_RING_OVERFLOW, FUSED_SLOW_PEER,
+    FUSED_STOP_AFTER_ROUTING, FUSED_STOP_MID_COMBINE, FUSED_STOP_MID_TASKS,
 };
-use crate::spec::{LayerSpec, POOL_PAD};
+use crate::spec::LayerSpec;
 use crate::stage::{StageParams, Stager};
-use crate::weights;
+use crate::weights::{self, DeviceWeights};
 
 /// The names of the fused kernel's own waits (`FusedWait` in
 /// device/megamoe_layer/comm/flags.cuh), beside the GEMM's and megamoe-ep's signal waits.
@@ -105,7 +106,7 @@ struct FusedRank {
     kernel: Arc<CudaKernel>,
     params: FusedParams,
     /// W1 (interleaved), its scales, W2, its scales: read through the params only.
-    _weights: [DeviceBuffer; 4],
+    _weights: DeviceWeights,
     x_bf16: DeviceBuffer,
     y: DeviceBuffer,
     quantizer: Quantizer,
@@ -113,6 +114,101 @@ struct FusedRank {
     trace: Option<DeviceBuffer>,
     /// The staging of calls the host does not read ([`FusedLayer::launch_device`]).
     stage: Stager,
+}
+
+impl FusedRank {
+    /// Rank `rank`'s weights, output, staging and parameters over `regions`; `trace_ctas`: a
+    /// timeline for launches of that many CTAs.
+    fn new(
+        spec: &LayerSpec,
+        weights: impl Fn(usize) -> megamoe_core::Result<RankWeightsFp8>,
+        rank: &Rank,
+        kernel: Arc<CudaKernel>,
+        regions: FusedRegions,
+        offsets: &FusedOffsets,
+        trace_ctas: Option<usize>,
+    ) -> Result<FusedRank> {
+        let gpu = rank.gpu.clone();
+        let el = spec.shape.local_experts(spec.ranks);
+        let weights = weights::upload(&gpu, rank.rank, weights, &spec.shape, el)?;
+        let hidden = spec.shape.hidden;
+        let y = gpu.alloc_zeroed(regions.t_cap as usize * hidden * 2)?;
+        let trace = match trace_ctas {
+            Some(ctas) => Some(gpu.alloc_zeroed(trace_bytes(&regions, ctas))?),
+            None => None,
+        };
+        Ok(FusedRank {
+            params: fused_params(spec, rank, regions, offsets, &weights, y.ptr())?,
+            stage: Stager::new(&gpu)?,
+            quantizer: Quantizer::new(&gpu)?,
+            x_bf16: gpu.alloc(spec.max_tokens * hidden * 2)?,
+            kernel,
+            gpu,
+            _weights: weights,
+            y,
+            trace,
+        })
+    }
+}
+
+/// Rank `rank`'s parameters: both GEMMs' mainloops over the ring's pools and the rank's
+/// weights, the SwiGLU epilogue into the L2 pool, and `regions` with the rank's own fields
+/// (its output `y`, its wait record, which every wait of the kernel shares).
+fn fused_params(
+    spec: &LayerSpec,
+    rank: &Rank,
+    regions: FusedRegions,
+    off: &FusedOffsets,
+    w: &DeviceWeights,
+    y: u64,
+) -> Result<FusedParams> {
+    let base = regions.peer_base[rank.rank];
+    let (h, i) = (spec.shape.hidden, spec.shape.inter);
+    let rows = regions.ring_rows as usize;
+    let (record, timeout_ns) = (rank.wait_record(), deadline_ns(rank.deadline()));
+    let mainloop = |a, scale_a, b: &DeviceBuffer, scale_b: &DeviceBuffer, n, k, group| {
+        let operands = MainloopOperands {
+            a: base + a,
+            rows,
+            scale_a: base + scale_a,
+            scale_a_dims: [rows, k / group],
+            b: b.ptr(),
+            scale_b: scale_b.ptr(),
+            experts: spec.shape.local_experts(spec.ranks),
+            n,
+            k,
+            group,
+        };
+        operands.params([SLOT_ROWS, FUSED_BLOCK_N], record, timeout_ns)
+    };
+    let (l2_pool, l2_scales) = (base + off.l2_pool, base + off.l2_pool_scales);
+    Ok(FusedParams {
+        l1: mainloop(off.l1_pool, off.l1_pool_scales, &w.w1, &w.s1, 2 * i, h, 128)?,
+        l2: mainloop(
+            off.l2_pool,
+            off.l2_pool_scales,
+            &w.w2,
+            &w.s2,
+            h,
+            i,
+            spec.group,
+        )?,
+        swiglu: SwigluQuant::new(spec, l2_pool, l2_scales, base + off.ring_weights, rows),
+        r: FusedRegions {
+            y,
+            wait_record: record,
+            deadline_ns: timeout_ns,
+            rank: rank.rank as i32,
+            ..regions
+        },
+    })
+}
+
+/// Bytes of the timeline of a launch of `ctas` CTAs: a [`CtaTrace`] per CTA, then a
+/// [`TaskTrace`] per task of the largest call, spread over the CTAs (impls/fused_trace.cuh).
+fn trace_bytes(regions: &FusedRegions, ctas: usize) -> usize {
+    let tasks = (regions.max_blocks as usize * (regions.n1 + regions.n2) as usize).div_ceil(ctas);
+    ctas * (CTA_TRACE_BYTES + tasks * TASK_TRACE_BYTES)
 }
 
 /// How a fused layer is built beyond its spec.
@@ -139,8 +235,8 @@ impl Default for FusedOptions {
 }
 
 /// Bytes of the device's `CtaTrace` and `TaskTrace` (impls/fused_trace.cuh).
-const CTA_TRACE_BYTES: usize = 56;
-const TASK_TRACE_BYTES: usize = 80;
+const CTA_TRACE_BYTES: usize = std::mem::size_of::<CtaTrace>();
+const TASK_TRACE_BYTES: usize = std::mem::size_of::<TaskTrace>();
 
 /// Where one call's time went on one rank, from the traced kernel's timeline (µs).
 #[derive(Clone, Copy, Debug, Default)]
@@ -173,6 +269,8 @@ pub struct KindTrace {
 pub struct FusedLayer {
     pub spec: LayerSpec,
     pub layout: SymmetricLayout,
+    /// The regions of `layout`.
+    offsets: FusedOffsets,
     world: World,
     buffers: SymmetricBuffer,
     /// The ranks this process holds, `world.local_ranks()` in order.
@@ -209,13 +307,6 @@ pub(crate) enum Fault {
     CorruptCount,
     /// The rank sleeps this long before publishing its routing, then goes on.
     SlowPeer(std::time::Duration),
-}
-
-fn region(layout: &SymmetricLayout, name: &str) -> u64 {
-    layout
-        .region(name)
-        .unwrap_or_else(|| panic!("the fused layout has a `{name}` region"))
-        .offset
 }
 
 impl FusedLayer {
@@ -327,187 +418,36 @@ impl FusedLayer {
         probe: bool,
         world: World,
     ) -> Result<FusedLayer> {
-        let (h, i, e, k) = (
-            spec.shape.hidden,
-            spec.shape.inter,
-            spec.shape.experts,
-            spec.shape.topk,
-        );
-        let el = spec.shape.local_experts(spec.ranks);
         let sms = world.ranks()[0].gpu.props().sm_count as usize;
         let ctas = comm_sms(options.ctas, world.ranks().len(), world.gpu_count(), sms);
         // A programmatic dependent launch: the kernel's set-up runs while the previous kernel on
         // the stream (the quantizer, or the last call) finishes; it waits for it before reading.
-        let launch = LaunchConfig::new(ctas as u32, FUSED_THREADS)
+        let launch = LaunchConfig::new(ctas as u32, THREADS)
             .with_dynamic_smem(fused_smem_bytes(spec.group) as u32)
             .with_pdl(true);
         let compiled = jit::compile(&fused_spec(spec.group, probe))?;
         let kernels = world.load(&compiled)?;
         let buffers = world.alloc_symmetric(layout.total_bytes as usize)?;
-        let ring_rows = layout.pool_rows;
-        let t_cap = layout.ring.t_cap;
-        let mut peer_base = [0u64; 8];
+        let offsets = layout.fused.expect("a fused layout has the fused regions");
+        let mut peer_base = [0u64; MAX_RANKS];
         for (r, p) in peer_base.iter_mut().enumerate().take(spec.ranks) {
             *p = buffers.ptr(r);
         }
-        let off = |name| region(&layout, name);
-        let config = l1_config(ctas);
-        let mut ranks = Vec::with_capacity(world.ranks().len());
-        for (r, kernel) in world.local_ranks().zip(kernels) {
-            let w = weights(r).map_err(|e| LayerError::input(r, e))?;
-            weights::check(&w, &spec.shape, el).map_err(|e| LayerError::input(r, e))?;
-            let (w1, s1) = weights::interleave_w1(&w.w1, &w.s1, &spec.shape, el);
-            let rank = world.rank(r);
-            let gpu = rank.gpu.clone();
-            let w1 = gpu.alloc_from(&w1)?;
-            let s1 = gpu.alloc_from(&s1)?;
-            let w2 = gpu.alloc_from(&w.w2)?;
-            let s2 = gpu.alloc_from(&w.s2)?;
-            let base = buffers.ptr(r);
-            let mainloop = |n, kk, group, a: u64, scale_a: u64, b: u64, scale_b: u64| {
-                let problem = GemmProblem {
-                    experts: el,
-                    n,
-                    k: kk,
-                    group_size: group,
-                    layout: Layout::Contiguous { pad: POOL_PAD },
-                    out: OutDtype::Bf16,
-                    rows_per_expert: POOL_PAD,
-                };
-                let config = GemmConfig {
-                    group_size: group,
-                    ..config
-                };
-                let (params, _record) = gemm_params(
-                    &gpu,
-                    &problem,
-                    &config,
-                    ring_rows,
-                    GemmPointers {
-                        a,
-                        scale_a,
-                        b,
-                        scale_b,
-                        // The mainloop reads neither (the fused kernel has its own schedule and
-                        // epilogues); the output map only needs a valid address.
-                        expert_rows: 0,
-                        out: a,
-                    },
-                )?;
-                let mut m = params.mainloop;
-                m.error = rank.wait_record();
-                m.timeout_ns = deadline_ns(rank.deadline());
-                Ok::<_, LayerError>(m)
-            };
-            let l1 = mainloop(
-                2 * i,
-                h,
-                128,
-                base + off("l1_pool"),
-                base + off("l1_pool_scales"),
-                w1.ptr(),
-                s1.ptr(),
-            )?;
-            let l2 = mainloop(
-                h,
-                i,
-                spec.group,
-                base + off("l2_pool"),
-                base + off("l2_pool_scales"),
-                w2.ptr(),
-                s2.ptr(),
-            )?;
-            let y = gpu.alloc_zeroed(t_cap * h * 2)?;
-            let max_blocks =
-                megamoe_core::plan::layout::fused_max_blocks(&spec.shape, spec.ranks, t_cap);
-            let (n1, n2) = (2 * i / 256, h / 256);
-            let trace = if options.trace {
-                let tasks = (max_blocks * (n1 + n2)).div_ceil(ctas);
-                Some(gpu.alloc_zeroed(ctas * (CTA_TRACE_BYTES + tasks * TASK_TRACE_BYTES))?)
-            } else {
-                None
-            };
-            let params = FusedParams {
-                l1,
-                l2,
-                swiglu: SwigluQuant {
-                    out: base + off("l2_pool"),
-                    out_scales: base + off("l2_pool_scales"),
-                    weights: base + off("ring_weights"),
-                    rows_ld: ring_rows as u32,
-                    inter: i as u32,
-                    group: spec.group as u32,
-                    has_clamp: spec.clamp.is_some() as u32,
-                    clamp: spec.clamp.unwrap_or(0.0),
-                    reserved: [0; 5],
-                },
-                r: FusedRegions {
-                    peer_base,
-                    off_epochs: off("epochs"),
-                    off_signals: off("signals"),
-                    off_error: off("error"),
-                    off_x: off("x"),
-                    off_x_scales: off("x_scales"),
-                    off_topk_idx: off("topk_idx"),
-                    off_topk_weights: off("topk_weights"),
-                    off_counts: off("counts"),
-                    off_send_list: off("send_list"),
-                    off_l1_pool: off("l1_pool"),
-                    off_l1_scales: off("l1_pool_scales"),
-                    off_ring_weights: off("ring_weights"),
-                    off_row_dest: off("row_dest"),
-                    off_plan: off("plan"),
-                    off_src_base: off("src_base"),
-                    off_blocks: off("blocks"),
-                    off_segments: off("segments"),
-                    off_block_flags: off("block_flags"),
-                    off_expert_l2: off("expert_l2"),
-                    off_expert_done: off("expert_done"),
-                    off_grid_barrier: off("grid_barrier"),
-                    off_combine: off("combine"),
-                    y: y.ptr(),
-                    wait_record: rank.wait_record(),
-                    deadline_ns: deadline_ns(rank.deadline()),
-                    pull_ahead: megamoe_core::plan::rules::PULL_AHEAD_BLOCKS as u64,
-                    recv_stats: 0,
-                    rank: r as i32,
-                    ranks: spec.ranks as i32,
-                    hidden: h as i32,
-                    inter: i as i32,
-                    experts: e as i32,
-                    topk: k as i32,
-                    t_cap: t_cap as i32,
-                    tokens: 0,
-                    bound: 0,
-                    ring_rows: ring_rows as i32,
-                    ring_slots: 0,
-                    lag_units: 0,
-                    n1: n1 as i32,
-                    n2: n2 as i32,
-                    max_blocks: max_blocks as i32,
-                    max_segments: megamoe_core::plan::layout::fused_max_segments(
-                        &spec.shape,
-                        spec.ranks,
-                        t_cap,
-                    ) as i32,
-                },
-            };
-            ranks.push(FusedRank {
-                stage: Stager::new(&gpu)?,
-                quantizer: Quantizer::new(&gpu)?,
-                x_bf16: gpu.alloc(spec.max_tokens * h * 2)?,
-                kernel,
-                gpu,
-                params,
-                _weights: [w1, s1, w2, s2],
-                y,
-                trace,
-            });
-        }
+        let regions = FusedRegions::new(&spec, &layout, &offsets, peer_base);
+        let trace_ctas = options.trace.then_some(ctas);
+        let ranks = world
+            .local_ranks()
+            .zip(kernels)
+            .map(|(r, kernel)| {
+                let rank = world.rank(r);
+                FusedRank::new(&spec, &weights, rank, kernel, regions, &offsets, trace_ctas)
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(FusedLayer {
-            expert_counts: vec![vec![0; el]; spec.ranks],
+            expert_counts: vec![vec![0; spec.shape.local_experts(spec.ranks)]; spec.ranks],
             spec,
             layout,
+            offsets,
             world,
             buffers,
             ranks,
@@ -590,24 +530,25 @@ impl FusedLayer {
         // The order of the call, from the first local rank's bound (every rank computes the
         // same from its own).
         let (lag_units, ring_slots) = self.order(bounds[0]);
-        let off = |name| region(&self.layout, name) as usize;
+        let off = &self.offsets;
         let mut bf16 = Vec::with_capacity(inputs.len());
         for ((r, rank), input) in self.local_ranks().zip(&self.ranks).zip(inputs) {
             let buf = self.buffers.local(r);
-            buf.upload_at(off("topk_idx"), input.topk_idx)?;
-            buf.upload_at(off("topk_weights"), input.topk_weights)?;
+            buf.upload_at(off.topk_idx as usize, input.topk_idx)?;
+            buf.upload_at(off.topk_weights as usize, input.topk_weights)?;
             match input.x {
                 Activations::Bf16(x) => {
                     rank.x_bf16.upload(x)?;
                     bf16.push(true);
                 }
                 Activations::Fp8 { data, scales } => {
-                    buf.upload_at(off("x"), data)?;
-                    buf.upload_at(off("x_scales"), scales)?;
+                    buf.upload_at(off.x as usize, data)?;
+                    buf.upload_at(off.x_scales as usize, scales)?;
                     bf16.push(false);
                 }
                 Activations::Device(x) => {
-                    let places = [(&rank.x_bf16, 0), (buf, off("x")), (buf, off("x_scales"))];
+                    let (x_off, scales_off) = (off.x as usize, off.x_scales as usize);
+                    let places = [(&rank.x_bf16, 0), (buf, x_off), (buf, scales_off)];
                     bf16.push(x.copy_into(&rank.gpu, places, s.shape.hidden)?);
                 }
             }
@@ -664,8 +605,8 @@ impl FusedLayer {
         self.check_usable()?;
         let (h, x, xs) = (
             self.spec.shape.hidden,
-            region(&self.layout, "x") as usize,
-            region(&self.layout, "x_scales") as usize,
+            self.offsets.x as usize,
+            self.offsets.x_scales as usize,
         );
         for (i, (r, rank)) in self.local_ranks().zip(&self.ranks).enumerate() {
             if staged.bf16[i] && ranks[i] {
@@ -699,10 +640,12 @@ impl FusedLayer {
             Some(probe) => {
                 let probed = FusedProbeParams {
                     fused: p,
-                    trace: rank.trace.as_ref().map_or(0, |t| t.ptr()),
-                    fault_rank: probe.fault_rank,
-                    fault: probe.fault,
-                    sleep_ns: probe.sleep_ns,
+                    probe: FusedProbe {
+                        trace: rank.trace.as_ref().map_or(0, |t| t.ptr()),
+                        fault_rank: probe.fault_rank,
+                        fault: probe.fault,
+                        sleep_ns: probe.sleep_ns,
+                    },
                 };
                 gpu.launch(&rank.kernel, &self.launch, &probed)?
             }
@@ -871,7 +814,7 @@ impl FusedLayer {
                 return Err(e.into());
             }
         }
-        let off = region(&self.layout, "error") as usize;
+        let off = self.offsets.error as usize;
         let mut first = None;
         let mut rejected = 0;
         for r in self.local_ranks() {
@@ -957,15 +900,15 @@ impl FusedLayer {
     /// Every local rank's staged inputs as bytes: the input rows and scales, the routing, the bf16
     /// staging (the selftest's "nothing written before validation" check).
     pub(crate) fn input_bytes(&self) -> Result<Vec<u8>> {
-        let off = |name| region(&self.layout, name) as usize;
+        let off = &self.offsets;
         let mut out = Vec::new();
         for (r, rank) in self.local_ranks().zip(&self.ranks) {
             let buf = self.buffers.local(r);
             let places = [
-                (buf, off("x")),
-                (buf, off("x_scales")),
-                (buf, off("topk_idx")),
-                (buf, off("topk_weights")),
+                (buf, off.x as usize),
+                (buf, off.x_scales as usize),
+                (buf, off.topk_idx as usize),
+                (buf, off.topk_weights as usize),
                 (&rank.x_bf16, 0),
             ];
             append_staged(&self.spec, places, &mut out)?;
@@ -974,12 +917,12 @@ impl FusedLayer {
     }
 
     /// Rank `rank`'s plan of the last finished call: m-blocks, stream segments, tasks, status.
-    pub(crate) fn plan_header(&self, rank: usize) -> Result<[u32; 4]> {
-        let mut h = [0u32; 4];
+    pub(crate) fn plan_header(&self, rank: usize) -> Result<PlanHeader> {
+        let mut h = [PlanHeader::default()];
         self.buffers
             .local(rank)
-            .download_into(region(&self.layout, "plan") as usize, &mut h)?;
-        Ok(h)
+            .download_into(self.offsets.plan as usize, &mut h)?;
+        Ok(h[0])
     }
 
     /// Rank `rank`'s plan of the last finished call as its kernel built it, in megamoe-core's
@@ -991,22 +934,24 @@ impl FusedLayer {
         rank: usize,
         staged: &FusedStaged,
     ) -> Result<(StreamParams, Vec<[u32; 3]>, Vec<Task>)> {
-        let [n_blocks, n_segments, _, _] = self.plan_header(rank)?;
+        let h = self.plan_header(rank)?;
         let buf = self.buffers.local(rank);
-        let mut blocks = vec![0u32; 4 * n_blocks as usize];
-        buf.download_into(region(&self.layout, "blocks") as usize, &mut blocks)?;
-        let mut segments = vec![0u32; 4 * n_segments as usize];
-        buf.download_into(region(&self.layout, "segments") as usize, &mut segments)?;
+        let mut blocks = vec![BlockInfo::default(); h.n_blocks as usize];
+        buf.download_into(self.offsets.blocks as usize, &mut blocks)?;
+        let mut segments = vec![Segment::default(); h.n_segments as usize];
+        buf.download_into(self.offsets.segments as usize, &mut segments)?;
         let r = &self.local(rank).params.r;
         let (n1, n2) = (r.n1 as u32, r.n2 as u32);
         let mut tasks = Vec::new();
-        for seg in segments.chunks_exact(4) {
-            let (kind, n_tiles) = match seg[0] {
-                0 => (TaskKind::L1, n1),
-                _ => (TaskKind::L2, n2),
+        for seg in segments {
+            let (kind, n_tiles) = if seg.kind == TaskKind::L1 as u32 {
+                (TaskKind::L1, n1)
+            } else {
+                (TaskKind::L2, n2)
             };
+            let blocks = seg.first_block..seg.first_block + seg.n_blocks;
             for n in 0..n_tiles {
-                tasks.extend((seg[1]..seg[1] + seg[2]).map(|block| Task { kind, block, n }));
+                tasks.extend(blocks.clone().map(|block| Task { kind, block, n }));
             }
         }
         let order = match staged.lag_units() {
@@ -1020,7 +965,10 @@ impl FusedLayer {
             n2 as usize,
             staged.ring_slots,
         );
-        let blocks = blocks.chunks_exact(4).map(|b| [b[0], b[1], b[2]]).collect();
+        let blocks = blocks
+            .iter()
+            .map(|b| [b.expert, b.first_row, b.rows])
+            .collect();
         Ok((params, blocks, tasks))
     }
 

@@ -496,7 +496,7 @@ fn ring_wraps(ranks: usize, tokens: usize) -> Check {
                     ));
                 }
                 let blocks = (0..ranks)
-                    .map(|r| fused.plan_header(r).map(|h| h[0] as usize))
+                    .map(|r| fused.plan_header(r).map(|h| h.n_blocks as usize))
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(err)?;
                 if blocks.iter().all(|&b| b <= staged.ring_slots()) {

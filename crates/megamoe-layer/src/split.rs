@@ -29,11 +29,11 @@ use megamoe_gemm::{GemmPointers, GroupedGemm};
 use std::ops::Range;
 
 use crate::call::{check_call, Activations, RankInput};
-use crate::error::{LayerError, Result};
+use crate::error::Result;
 use crate::inputs::{append_staged, download_outputs};
 use crate::kernel::{comm_sms, l1_config, l1_problem, split_l1_spec, SplitL1Params, SwigluQuant};
 use crate::spec::{LayerSpec, POOL_PAD};
-use crate::weights;
+use crate::weights::{self, DeviceWeights};
 
 /// The launches of one call, in order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -179,14 +179,9 @@ impl SplitLayer {
 
         let mut ranks = Vec::with_capacity(ep.local_ranks().len());
         for r in ep.local_ranks() {
-            let w = weights(r).map_err(|e| LayerError::input(r, e))?;
-            weights::check(&w, &spec.shape, el).map_err(|e| LayerError::input(r, e))?;
-            let (w1, s1) = weights::interleave_w1(&w.w1, &w.s1, &spec.shape, el);
             let gpu = ep.rank(r).gpu.clone();
-            let w1 = gpu.alloc_from(&w1)?;
-            let s1 = gpu.alloc_from(&s1)?;
-            let w2 = gpu.alloc_from(&w.w2)?;
-            let s2 = gpu.alloc_from(&w.s2)?;
+            let DeviceWeights { w1, s1, w2, s2 } =
+                weights::upload(&gpu, r, &weights, &spec.shape, el)?;
             let acts = gpu.alloc_zeroed(rows * i)?;
             let act_scales = gpu.alloc_zeroed(rows * (i / spec.group) * 4)?;
             let x_bf16 = gpu.alloc(spec.max_tokens * h * 2)?;
@@ -208,17 +203,13 @@ impl SplitLayer {
             )?;
             let l1_params = SplitL1Params {
                 gemm,
-                epilogue: SwigluQuant {
-                    out: acts.ptr(),
-                    out_scales: act_scales.ptr(),
-                    weights: ptrs.out_probs,
-                    rows_ld: rows as u32,
-                    inter: i as u32,
-                    group: spec.group as u32,
-                    has_clamp: spec.clamp.is_some() as u32,
-                    clamp: spec.clamp.unwrap_or(0.0),
-                    reserved: [0; 5],
-                },
+                epilogue: SwigluQuant::new(
+                    &spec,
+                    acts.ptr(),
+                    act_scales.ptr(),
+                    ptrs.out_probs,
+                    rows,
+                ),
             };
             let l2 = l2_configs(&spec, sms)?
                 .into_iter()

@@ -11,16 +11,15 @@
 #include <megamoe/ptx/mbarrier.cuh>
 #include <megamoe/ptx/sync.cuh>
 #include <megamoe/ptx/tma.cuh>
+#include <megamoe_gemm/epilogue/store.cuh>
 #include <megamoe_gemm/impls/grouped_gemm_params.cuh>
 #include <megamoe_gemm/layout/smem_layout.cuh>
+#include <megamoe_gemm/pipeline/roles.cuh>
 #include <megamoe_gemm/pipeline/tma_producer.cuh>
 #include <megamoe_gemm/mma/fp8_mainloop.cuh>
+#include <megamoe_gemm/scheduler/tile_scheduler.cuh>
 
 namespace megamoe::gemm {
-
-constexpr int kMathWarps = 8;
-constexpr u32 kProducerRegs = 40;
-constexpr u32 kConsumerRegs = 232;
 
 template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, bool kMasked, int kClusterM,
           bool kARegs, bool kPipelined, typename Scheduler, typename Epilogue>
@@ -31,7 +30,7 @@ __device__ __forceinline__ void grouped_gemm_fp8(const GroupedGemmParams& p, con
     const Layout smem{smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023)};
     const u32 warp = ptx::warp_index_uniform();
 
-    if (threadIdx.x == kMathWarps * 32) {
+    if (threadIdx.x == kProducerWarp * 32) {
         ptx::tma_prefetch_desc(&p.mainloop.tma_a);
         ptx::tma_prefetch_desc(&p.mainloop.tma_b);
         ptx::tma_prefetch_desc(&p.mainloop.tma_sa);
@@ -55,7 +54,7 @@ __device__ __forceinline__ void grouped_gemm_fp8(const GroupedGemmParams& p, con
 
     if (warp >= kMathWarps) {
         ptx::setmaxnreg_dec<kProducerRegs>();
-        if (threadIdx.x == kMathWarps * 32) {
+        if (threadIdx.x == kProducerWarp * 32) {
             tma_producer<BLOCK_M, BLOCK_N, kStages, kGroupSize, kMasked, kClusterM, Scheduler>(
                 p.mainloop, p.scheduler, smem);
         }

@@ -1,7 +1,7 @@
-// The fused MoE layer (SPEC §4 fused): one persistent launch per rank. 384 threads per CTA, one
-// CTA per SM: warpgroups 0 and 1 run the wgmma consumers of both GEMMs, warp 8 the TMA
-// producer, warps 9-10 the token pull (comm/pull.cuh), warp 11 the releaser, which raises the
-// block counters for the consumers (release_slices).
+// The fused MoE layer (SPEC §4 fused): one persistent launch per rank. One CTA per SM, in the
+// GEMM's warp roles (megamoe_gemm/pipeline/roles.cuh): warpgroups 0 and 1 run the wgmma
+// consumers of both GEMMs, warp 8 the TMA producer, warps 9-10 the token pull (comm/pull.cuh),
+// warp 11 the releaser, which raises the block counters for the consumers (release_slices).
 //
 //   1. routing: count this rank's slots per expert and list them (send lists); publish T and
 //      the bound; raise kRoutingReady everywhere and wait for every rank's.
@@ -33,6 +33,7 @@
 #include <megamoe_ep/comm/sync.cuh>
 #include <megamoe_gemm/layout/smem_layout.cuh>
 #include <megamoe_gemm/mma/fp8_mainloop.cuh>
+#include <megamoe_gemm/pipeline/roles.cuh>
 #include <megamoe_gemm/pipeline/tma_producer.cuh>
 #include <megamoe_layer/comm/combine.cuh>
 #include <megamoe_layer/comm/flags.cuh>
@@ -46,15 +47,14 @@
 
 namespace megamoe::layer {
 
-constexpr u32 kMathWarps = 8;
+// The GEMM's warp roles and register budgets (megamoe_gemm/pipeline/roles.cuh); the producer
+// warpgroup's other warps pull and release.
+using gemm::kConsumerRegs;
+using gemm::kMathWarps;
+using gemm::kProducerRegs;
+using gemm::kProducerWarp;
 constexpr u32 kPullWarps = 2;
-constexpr u32 kReleaserWarp = kMathWarps + 1 + kPullWarps;
-// Registers per thread by warpgroup (setmaxnreg is warpgroup-wide). The CTA's pool is what the
-// launch gave it, 384 x 168: the consumers may only take what the producer warpgroup gives back.
-constexpr u32 kLaunchRegs = 168;
-constexpr u32 kProducerRegs = 40;
-constexpr u32 kConsumerRegs = 232;
-static_assert(256 * (kConsumerRegs - kLaunchRegs) <= 128 * (kLaunchRegs - kProducerRegs), "the CTA's pool");
+constexpr u32 kReleaserWarp = kProducerWarp + 1 + kPullWarps;
 // Tasks the producer may hand over ahead of the consumers (scheduler/task_queue.cuh): it runs
 // ahead by the ring of stages, which is more than one task only where K is a few blocks.
 constexpr u32 kTaskSlots = 4;
@@ -279,10 +279,10 @@ __device__ void consume(const FusedParams& p, const FusedProbe& probe, const L1S
     }
 }
 
-// The consumer warpgroups' own barrier for the combine step (ids 1 and 2 are the GEMM's
-// warpgroup barriers, megamoe_gemm/pipeline/barriers.cuh).
-constexpr u32 kConsumersBarrier = 3;
-__device__ __forceinline__ void consumers_sync() { ptx::named_barrier_sync(kConsumersBarrier, kMathWarps * 32); }
+// The consumer warpgroups' own barrier for the combine step.
+__device__ __forceinline__ void consumers_sync() {
+    gemm::named_barrier_sync(gemm::NamedBarrier::kConsumers, kMathWarps * 32);
+}
 
 // ep::comm::raise_on_all for kRowsWritten, over the consumer threads only: every L2 row this
 // CTA wrote is visible system-wide before each rank's counter grows (by kUnit per launch).
@@ -350,7 +350,7 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, const FusedProbe
     const u64 start_ns = tracer ? ptx::globaltimer_ns() : 0;
     const u32 my_fault = kProbe && u32(p.r.rank) == probe.fault_rank ? probe.fault : u32(kNoFault);
 
-    if (threadIdx.x == kMathWarps * 32) {
+    if (threadIdx.x == kProducerWarp * 32) {
         ptx::tma_prefetch_desc(&p.l1.tma_a);
         ptx::tma_prefetch_desc(&p.l1.tma_b);
         ptx::tma_prefetch_desc(&p.l1.tma_sa);
@@ -420,16 +420,16 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, const FusedProbe
         ep::comm::record_error(sig, h.status, 0, r.rank, h.n_blocks, r.ring_slots);
 
     // 3. Tasks. The producer warpgroup is done after its role; the consumer warpgroups go on
-    // to the combine on their own (named barrier kConsumersBarrier).
+    // to the combine on their own (named barrier kConsumers).
     if (warp >= kMathWarps) {
         if (run) {
             ptx::setmaxnreg_dec<kProducerRegs>();
-            if (warp == kMathWarps) {
+            if (warp == kProducerWarp) {
                 if (threadIdx.x % 32 == 0) produce<kStages, kProbe>(p, probe, s1, s2, h.n_tasks, s_tasks);
             } else if (warp == kReleaserWarp) {
                 if (threadIdx.x % 32 == 0) release_slices(r, s_slices_done, h.n_tasks, epoch);
             } else {
-                pull_rows(r, ptx::ctaid_x() * kPullWarps + (warp - kMathWarps - 1), gridDim.x * kPullWarps,
+                pull_rows(r, ptx::ctaid_x() * kPullWarps + (warp - kProducerWarp - 1), gridDim.x * kPullWarps,
                           s_pull_items);
             }
         }

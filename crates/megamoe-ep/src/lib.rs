@@ -6,11 +6,14 @@
 //! [`megamoe_core::permute::PermutePlan`], and the checks compare every output bit with
 //! megamoe-core's CPU reference.
 
+#[cfg(feature = "harness")]
 pub mod baseline;
+#[cfg(feature = "harness")]
 pub mod bench;
 pub mod error;
 pub mod layout;
 pub mod params;
+#[cfg(feature = "harness")]
 pub mod selftest;
 pub mod world;
 

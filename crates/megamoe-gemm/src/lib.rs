@@ -21,14 +21,18 @@
 //! ([`kernel::kernel_specs`] lists every configuration the heuristics can pick).
 //! `MEGAMOE_GEMM_LOG=1` prints each chosen configuration.
 
+#[cfg(feature = "harness")]
 pub mod bench;
+#[cfg(feature = "harness")]
 pub mod checks;
 pub mod error;
 pub mod grouped;
 pub mod heuristics;
 pub mod kernel;
 pub mod params;
+#[cfg(feature = "harness")]
 pub mod reference;
+#[cfg(feature = "harness")]
 pub mod testdata;
 
 pub use error::{GemmError, Result};

@@ -226,6 +226,25 @@ fn check_input(spec: &LayerSpec, input: &RankInput) -> megamoe_core::Result<usiz
     Ok(t)
 }
 
+/// Every rank's output of a finished call, downloaded: bf16 `[T, H]` from where `output(rank)`
+/// says it is (a buffer and a byte offset), `tokens[rank]` rows each.
+pub(crate) fn download_outputs<'a>(
+    tokens: &[usize],
+    hidden: usize,
+    output: impl Fn(usize) -> (&'a DeviceBuffer, usize),
+) -> Result<Vec<Vec<bf16>>> {
+    tokens
+        .iter()
+        .enumerate()
+        .map(|(r, &t)| {
+            let mut y = vec![bf16::ZERO; t * hidden];
+            let (buf, offset) = output(r);
+            buf.download_into(offset, &mut y)?;
+            Ok(y)
+        })
+        .collect()
+}
+
 /// Copies `bytes` between device addresses on `gpu`'s stream and waits for the copy: the
 /// caller's tensors are free to reuse, and `y` written, once a call returns. The layer's
 /// buffers of a rank are allocated by its GPU handle, so the copy is ordered with their

@@ -32,10 +32,10 @@ use megamoe_gemm::heuristics::{GemmConfig, GemmProblem, Layout, OutDtype};
 use megamoe_gemm::GemmPointers;
 
 use crate::call::{
-    check_bound, check_call, check_lengths, Activations, DeviceRankTensors, IndexType, RankInput,
+    check_bound, check_call, check_lengths, download_outputs, Activations, DeviceRankTensors,
+    IndexType, RankInput,
 };
 use crate::error::{LayerError, Result};
-use crate::inputs::download_outputs;
 use crate::kernel::{
     comm_sms, fused_smem_bytes, fused_spec, l1_config, FusedParams, FusedProbeParams, FusedRegions,
     SwigluQuant, FUSED_BAD_BOUND, FUSED_NO_FAULT, FUSED_RING_OVERFLOW, FUSED_THREADS,
@@ -44,9 +44,12 @@ use crate::spec::{LayerSpec, POOL_PAD};
 use crate::stage::{StageParams, Stager};
 use crate::weights;
 
+#[cfg(feature = "harness")]
+mod inspect;
 mod probe;
 mod trace;
 
+#[cfg(feature = "harness")]
 pub(crate) use probe::Fault;
 use probe::Probe;
 pub use trace::{KindTrace, TraceReport};

@@ -27,14 +27,17 @@
 //! - Device code: `device/megamoe_layer/` (`epilogue/` the SwiGLU epilogue, `impls/` the
 //!   kernels), built on `<megamoe_gemm/...>` and compiled per configuration by megamoe-cuda's
 //!   JIT ([`kernel::kernel_specs`]).
+#[cfg(feature = "harness")]
 pub mod bench;
 pub mod call;
 pub mod device_io;
 pub mod error;
 pub mod fused;
+#[cfg(feature = "harness")]
 pub mod inputs;
 pub mod kernel;
 pub mod layer;
+#[cfg(feature = "harness")]
 pub mod selftest;
 pub mod spec;
 pub mod split;

@@ -28,12 +28,14 @@ use megamoe_gemm::heuristics::{choose, GemmConfig, GemmProblem, Layout, OutDtype
 use megamoe_gemm::{GemmPointers, GroupedGemm};
 use std::ops::Range;
 
-use crate::call::{check_call, Activations, RankInput};
+use crate::call::{check_call, download_outputs, Activations, RankInput};
 use crate::error::{LayerError, Result};
-use crate::inputs::{append_staged, download_outputs};
 use crate::kernel::{comm_sms, l1_config, l1_problem, split_l1_spec, SplitL1Params, SwigluQuant};
 use crate::spec::{LayerSpec, POOL_PAD};
 use crate::weights;
+
+#[cfg(feature = "harness")]
+mod inspect;
 
 /// The launches of one call, in order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,7 +75,11 @@ pub struct Staged {
 /// The buffers and kernels of one rank.
 struct RankState {
     gpu: Gpu,
+    /// W1 (interleaved) and its scales: read by the L1 kernel through its params, and by the
+    /// benchmark's GEMM-only arm.
+    #[cfg_attr(not(feature = "harness"), expect(dead_code))]
     w1: DeviceBuffer,
+    #[cfg_attr(not(feature = "harness"), expect(dead_code))]
     s1: DeviceBuffer,
     /// W2, its scales, and the intermediate (e4m3 `[pool rows, I]`, f32 `[I/G, pool rows]`:
     /// L1's output, L2's input): read by the kernels through their params only.
@@ -131,17 +137,6 @@ impl SplitLayer {
         // Before the GPU is asked for its SM count (the fused kind's world checks it first).
         megamoe_cuda::check_rank(rank, spec.ranks)?;
         SplitLayer::build(spec, weights, None, Some((rank, device, exchange)))
-    }
-
-    /// The layer whose dispatch and combine inject `fault`, every wait bounded by `deadline`
-    /// (the selftest's fault checks).
-    pub(crate) fn with_fault(
-        spec: LayerSpec,
-        weights: impl Fn(usize) -> megamoe_core::Result<RankWeightsFp8>,
-        deadline: std::time::Duration,
-        fault: InjectedFault,
-    ) -> Result<SplitLayer> {
-        SplitLayer::build(spec, weights, Some((deadline, fault)), None)
     }
 
     /// `one_rank`: this process's rank, its GPU and the handle exchange (else every rank).
@@ -404,11 +399,6 @@ impl SplitLayer {
         Ok(())
     }
 
-    /// Every rank's expired wait, if any (after a failed [`Self::finish`]).
-    pub(crate) fn expired_waits(&self) -> Result<Vec<Option<megamoe_cuda::Error>>> {
-        Ok(self.ep.expired_waits()?)
-    }
-
     /// The GPU handle of local rank `rank` (by its global number): its stream, its timers.
     pub fn gpu(&self, rank: usize) -> &Gpu {
         &self.ranks[rank - self.local_ranks().start].gpu
@@ -436,25 +426,6 @@ impl SplitLayer {
     /// offset of a buffer.
     pub(crate) fn output(&self, rank: usize) -> (&DeviceBuffer, usize) {
         (self.ep.io(rank), self.ep.io_offset(IoRegion::Y))
-    }
-
-    /// Every local rank's staged inputs as bytes: the input rows and scales, the routing, the
-    /// bf16 staging (the selftest's "nothing written before validation" check).
-    pub(crate) fn input_bytes(&self) -> Result<Vec<u8>> {
-        let l = self.ep.layout;
-        let mut out = Vec::new();
-        for (r, rank) in self.local() {
-            let (buf, io) = (self.ep.buffer(r), self.ep.io(r));
-            let places = [
-                (buf, l.in_rows),
-                (buf, l.in_scales),
-                (io, self.ep.io_offset(IoRegion::TopkIdx)),
-                (io, self.ep.io_offset(IoRegion::Probs)),
-                (&rank.x_bf16, 0),
-            ];
-            append_staged(&self.spec, places, &mut out)?;
-        }
-        Ok(out)
     }
 
     fn count_received(&mut self) -> Result<()> {
@@ -486,59 +457,6 @@ impl SplitLayer {
         let local_slots = staged.tokens.iter().sum::<usize>() * self.spec.shape.topk;
         let slots = local_slots * self.spec.ranks / staged.tokens.len().max(1);
         slots / self.spec.shape.experts
-    }
-
-    /// Our two grouped GEMMs alone over the pool of the last call of `staged`: a plain L1 (bf16
-    /// output into a scratch buffer) and the layer's L2 (the benchmark's GEMM-only arm).
-    pub(crate) fn gemms_only(&self, staged: &Staged) -> Result<GemmsOnly> {
-        let (h, i) = (self.spec.shape.hidden, self.spec.shape.inter);
-        let el = self.spec.shape.local_experts(self.spec.ranks);
-        let rows = self.spec.pool_rows();
-        let problem = l1_problem(h, i, el, self.rows_per_expert(staged));
-        let config = choose(&problem, self.l1_config.ctas)?;
-        let mut l1 = Vec::new();
-        let mut scratch = Vec::new();
-        for (r, rank) in self.local() {
-            let out = rank.gpu.alloc(rows * 2 * i * 2)?;
-            let ptrs = self.ep.ptrs(r);
-            l1.push(GroupedGemm::new(
-                &rank.gpu,
-                problem,
-                config,
-                rows,
-                GemmPointers {
-                    a: ptrs.out_rows,
-                    scale_a: ptrs.out_scales,
-                    b: rank.w1.ptr(),
-                    scale_b: rank.s1.ptr(),
-                    expert_rows: self.ep.handle_ptrs(&self.handle, r).padded,
-                    out: out.ptr(),
-                },
-            )?);
-            scratch.push(out);
-        }
-        Ok(GemmsOnly {
-            l1,
-            l2: self.l2_index(staged)?,
-            _scratch: scratch,
-        })
-    }
-}
-
-/// The benchmark's GEMM-only arm (see [`SplitLayer::gemms_only`]).
-pub(crate) struct GemmsOnly {
-    l1: Vec<GroupedGemm>,
-    l2: usize,
-    _scratch: Vec<DeviceBuffer>,
-}
-
-impl GemmsOnly {
-    pub(crate) fn launch(&self, layer: &SplitLayer) -> Result<()> {
-        for (rank, l1) in layer.ranks.iter().zip(&self.l1) {
-            l1.launch(&rank.gpu)?;
-            rank.l2[self.l2].launch(&rank.gpu)?;
-        }
-        Ok(())
     }
 }
 

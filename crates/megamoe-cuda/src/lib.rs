@@ -54,6 +54,10 @@
 //! - With the `harness` feature (the command line turns it on): `bench`, the NVLink and
 //!   quantization benchmarks, and `selftest`, the GPU checks `megamoe selftest` runs.
 //!
+//! The API is at the crate root; the modules that stay public are namespaces other crates use
+//! by name: [`jit`], [`kernels`] (this crate's kernels and their params), [`wait`] (deadlines),
+//! [`probe`] (finding the libraries) and [`interop`] (CUDA IPC handles).
+//!
 //! # Finding CUDA
 //! See [`probe`]: `MEGAMOE_NVRTC_LIB`, `MEGAMOE_CUDA_HOME`, the system loader, the Python
 //! environment's NVIDIA pip packages, a system toolkit, then the project-local `.toolchain/`
@@ -61,19 +65,19 @@
 
 #[cfg(feature = "harness")]
 pub mod bench;
-pub mod device;
-pub mod error;
+mod device;
+mod error;
 pub mod interop;
 pub mod jit;
 pub mod kernels;
-pub mod nvrtc;
+mod nvrtc;
 pub mod probe;
-pub mod quant;
-pub mod ranks;
-pub mod rendezvous;
+mod quant;
+mod ranks;
+mod rendezvous;
 #[cfg(feature = "harness")]
 pub mod selftest;
-pub mod tma;
+mod tma;
 pub mod wait;
 
 pub use device::{

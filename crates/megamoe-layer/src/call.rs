@@ -161,6 +161,32 @@ pub(crate) fn check_call(
     Ok(tokens)
 }
 
+/// The T of each rank of `ranks` (the ranks this process holds, one tensor set each) of a call
+/// on device tensors, after checking each T against T_max and the bound (at least each of
+/// these ranks' T, at most T_max); the values are the device's to check.
+pub(crate) fn check_device_tokens(
+    s: &LayerSpec,
+    ranks: Range<usize>,
+    tensors: &[DeviceRankTensors],
+    num_tokens_bound: Option<usize>,
+) -> Result<Vec<usize>> {
+    let mut tokens = Vec::with_capacity(tensors.len());
+    for (r, t) in ranks.zip(tensors) {
+        let got = t.x.tokens();
+        if got > s.max_tokens {
+            let e = Error::Capacity {
+                arg: "x",
+                got,
+                capacity: s.max_tokens,
+            };
+            return Err(LayerError::input(r, e));
+        }
+        tokens.push(got);
+    }
+    check_bound(s, &tokens, num_tokens_bound)?;
+    Ok(tokens)
+}
+
 /// `num_tokens_bound`, when given, is at least each of `tokens` (the local ranks' T) and at
 /// most T_max.
 pub(crate) fn check_bound(

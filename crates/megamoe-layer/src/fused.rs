@@ -32,8 +32,8 @@ use megamoe_gemm::heuristics::{GemmConfig, GemmProblem, Layout, OutDtype};
 use megamoe_gemm::GemmPointers;
 
 use crate::call::{
-    check_bound, check_call, check_lengths, download_outputs, Activations, DeviceRankTensors,
-    IndexType, RankInput,
+    check_call, check_device_tokens, check_lengths, download_outputs, Activations,
+    DeviceRankTensors, IndexType, RankInput,
 };
 use crate::error::{LayerError, Result};
 use crate::kernel::{
@@ -638,32 +638,9 @@ impl FusedLayer {
         let local = self.local_ranks();
         check_lengths(local.len(), tensors.len(), streams.len())?;
         self.take_route_faults()?;
-        let s = self.spec;
-        let (h, k) = (s.shape.hidden, s.shape.topk);
-        let mut tokens = Vec::with_capacity(tensors.len());
-        for (r, t) in local.clone().zip(tensors) {
-            let got = t.x.tokens();
-            if got > s.max_tokens {
-                let e = Error::Capacity {
-                    arg: "x",
-                    got,
-                    capacity: s.max_tokens,
-                };
-                return Err(LayerError::input(r, e));
-            }
-            tokens.push(got);
-        }
-        check_bound(&s, &tokens, num_tokens_bound)?;
+        check_device_tokens(&self.spec, local.clone(), tensors, num_tokens_bound)?;
         let bound = num_tokens_bound.unwrap_or(self.layout.ring.t_cap);
         let (lag_units, ring_slots) = self.order(bound);
-        // The input regions' offsets, as every rank's kernel parameters hold them.
-        let r0 = &self.ranks[0].params.r;
-        let (x, xs, ids, weights) = (
-            r0.off_x,
-            r0.off_x_scales,
-            r0.off_topk_idx,
-            r0.off_topk_weights,
-        );
         let single = self.ranks.len() == 1;
         if single && self.caller.as_ref().map(|c| c.0) != Some(streams[0]) {
             // SAFETY: the caller's contract: a live stream of the rank's device's primary
@@ -680,38 +657,9 @@ impl FusedLayer {
                     &rank.gpu
                 }
             };
-            let (buf, base) = (self.buffers.local(r), self.buffers.ptr(r));
-            let tokens = t.x.tokens();
-            // e4m3 rows are copied by the staging kernel; bf16 rows are quantized into place.
-            let (rows, scales) = t.x.fp8().unwrap_or((0, 0));
-            if rows == 0 {
-                let places = [(&rank.x_bf16, 0), (buf, x as usize), (buf, xs as usize)];
-                t.x.copy_into(gpu, places, h)?;
-                let (x, xs) = ((buf, x as usize), (buf, xs as usize));
-                rank.quantizer
-                    .launch_at(gpu, &rank.x_bf16, x, xs, tokens, h)?;
-            }
-            if tokens > 0 {
-                let stage = StageParams {
-                    topk_idx: t.topk_idx,
-                    topk_weights: t.topk_weights,
-                    out_idx: base + ids,
-                    out_weights: base + weights,
-                    fault: 0,
-                    x: rows,
-                    x_scales: scales,
-                    out_x: base + x,
-                    out_x_scales: base + xs,
-                    x_bytes: if rows == 0 { 0 } else { (tokens * h) as u64 },
-                    tokens: tokens as i32,
-                    topk: k as i32,
-                    experts: s.shape.experts as i32,
-                    idx64: (t.topk_idx_type == IndexType::I64) as i32,
-                };
-                rank.stage.launch(gpu, stage)?;
-            }
+            self.stage_device(gpu, r, rank, t)?;
             let mut p = rank.params;
-            p.r.tokens = tokens as i32;
+            p.r.tokens = t.x.tokens() as i32;
             p.r.bound = bound as i32;
             p.r.lag_units = lag_units as i32;
             p.r.ring_slots = ring_slots as i32;
@@ -721,6 +669,53 @@ impl FusedLayer {
             if !single {
                 gpu.release_to(stream)?;
             }
+        }
+        Ok(())
+    }
+
+    /// Queues on `gpu`'s stream the staging of local rank `r`'s device tensors `t` into its
+    /// input regions: bf16 rows copied and quantized into place, e4m3 rows and the routing
+    /// copied (and the routing's values checked) by the staging kernel.
+    fn stage_device(
+        &self,
+        gpu: &Gpu,
+        r: usize,
+        rank: &FusedRank,
+        t: &DeviceRankTensors,
+    ) -> Result<()> {
+        let (h, k) = (self.spec.shape.hidden, self.spec.shape.topk);
+        // The input regions' offsets, as the rank's kernel parameters hold them.
+        let p = &rank.params.r;
+        let (x, xs, ids, weights) = (p.off_x, p.off_x_scales, p.off_topk_idx, p.off_topk_weights);
+        let (buf, base) = (self.buffers.local(r), self.buffers.ptr(r));
+        let tokens = t.x.tokens();
+        // e4m3 rows are copied by the staging kernel; bf16 rows are quantized into place.
+        let (rows, scales) = t.x.fp8().unwrap_or((0, 0));
+        if rows == 0 {
+            let places = [(&rank.x_bf16, 0), (buf, x as usize), (buf, xs as usize)];
+            t.x.copy_into(gpu, places, h)?;
+            let (x, xs) = ((buf, x as usize), (buf, xs as usize));
+            rank.quantizer
+                .launch_at(gpu, &rank.x_bf16, x, xs, tokens, h)?;
+        }
+        if tokens > 0 {
+            let stage = StageParams {
+                topk_idx: t.topk_idx,
+                topk_weights: t.topk_weights,
+                out_idx: base + ids,
+                out_weights: base + weights,
+                fault: 0,
+                x: rows,
+                x_scales: scales,
+                out_x: base + x,
+                out_x_scales: base + xs,
+                x_bytes: if rows == 0 { 0 } else { (tokens * h) as u64 },
+                tokens: tokens as i32,
+                topk: k as i32,
+                experts: self.spec.shape.experts as i32,
+                idx64: (t.topk_idx_type == IndexType::I64) as i32,
+            };
+            rank.stage.launch(gpu, stage)?;
         }
         Ok(())
     }

@@ -150,24 +150,7 @@ impl SplitLayer {
         let (h, i) = (spec.shape.hidden, spec.shape.inter);
         let el = spec.shape.local_experts(spec.ranks);
         let rows = spec.pool_rows();
-        let mut ep_config = EpConfig::new(spec.ep_spec(), RowDtype::Fp8);
-        ep_config.group_major_scales = true;
-        // A process of one rank shares its GPU with no rank of its own (processes that share a
-        // GPU take turns on it).
-        let (local, gpus, device) = match &one_rank {
-            Some((_, device, _)) => (1, 1, *device),
-            None => (spec.ranks, megamoe_cuda::device_count()?.max(1), 0),
-        };
-        let sms = Gpu::new(device)?.props().sm_count as usize;
-        ep_config.num_sms = comm_sms(spec.comm_sms, local, gpus, sms);
-        if let Some((deadline, fault)) = fault {
-            ep_config.deadline = deadline;
-            ep_config.fault = Some(fault);
-        }
-        let ep = match one_rank {
-            Some((rank, device, exchange)) => EpWorld::for_rank(ep_config, rank, device, exchange)?,
-            None => EpWorld::new(ep_config)?,
-        };
+        let (ep, sms) = ep_world(&spec, fault, one_rank)?;
         let handle = ep.new_handle()?;
         let l1_config = l1_config(sms);
         let l1_compiled = jit::compile(&split_l1_spec(&l1_config))?;
@@ -187,53 +170,31 @@ impl SplitLayer {
             let x_bf16 = gpu.alloc(spec.max_tokens * h * 2)?;
             let ptrs = ep.ptrs(r);
             let pool = ep.handle_ptrs(&handle, r);
-            let (gemm, l1_error) = gemm_params(
-                &gpu,
-                &l1_problem(h, i, el, POOL_PAD),
-                &l1_config,
-                rows,
-                GemmPointers {
-                    a: ptrs.out_rows,
-                    scale_a: ptrs.out_scales,
-                    b: w1.ptr(),
-                    scale_b: s1.ptr(),
-                    expert_rows: pool.padded,
-                    out: acts.ptr(),
-                },
-            )?;
-            let l1_params = SplitL1Params {
-                gemm,
-                epilogue: SwigluQuant {
-                    out: acts.ptr(),
-                    out_scales: act_scales.ptr(),
-                    weights: ptrs.out_probs,
-                    rows_ld: rows as u32,
-                    inter: i as u32,
-                    group: spec.group as u32,
-                    has_clamp: spec.clamp.is_some() as u32,
-                    clamp: spec.clamp.unwrap_or(0.0),
-                    reserved: [0; 5],
-                },
+            let l1_operands = GemmPointers {
+                a: ptrs.out_rows,
+                scale_a: ptrs.out_scales,
+                b: w1.ptr(),
+                scale_b: s1.ptr(),
+                expert_rows: pool.padded,
+                out: acts.ptr(),
             };
-            let l2 = l2_configs(&spec, sms)?
-                .into_iter()
-                .map(|(problem, config)| {
-                    GroupedGemm::new(
-                        &gpu,
-                        problem,
-                        config,
-                        rows,
-                        GemmPointers {
-                            a: acts.ptr(),
-                            scale_a: act_scales.ptr(),
-                            b: w2.ptr(),
-                            scale_b: s2.ptr(),
-                            expert_rows: pool.padded,
-                            out: ptrs.comb_rows,
-                        },
-                    )
-                })
-                .collect::<std::result::Result<Vec<_>, _>>()?;
+            let (l1_params, l1_error) = l1_params(
+                &spec,
+                &gpu,
+                &l1_config,
+                l1_operands,
+                &act_scales,
+                ptrs.out_probs,
+            )?;
+            let l2_operands = GemmPointers {
+                a: acts.ptr(),
+                scale_a: act_scales.ptr(),
+                b: w2.ptr(),
+                scale_b: s2.ptr(),
+                expert_rows: pool.padded,
+                out: ptrs.comb_rows,
+            };
+            let l2 = l2_gemms(&spec, &gpu, sms, l2_operands)?;
             ranks.push(RankState {
                 quantizer: Quantizer::new(&gpu)?,
                 l1: gpu.load(&l1_compiled)?,
@@ -458,6 +419,82 @@ impl SplitLayer {
         let slots = local_slots * self.spec.ranks / staged.tokens.len().max(1);
         slots / self.spec.shape.experts
     }
+}
+
+/// The world of dispatch and combine under `spec`: every rank in this process, or `one_rank`
+/// (its rank, its GPU and the handle exchange), with `fault` injected (the selftest's); and
+/// the SM count of its GPUs.
+fn ep_world(
+    spec: &LayerSpec,
+    fault: Option<(std::time::Duration, InjectedFault)>,
+    one_rank: Option<(usize, usize, Box<dyn AllGather>)>,
+) -> Result<(EpWorld, usize)> {
+    let mut ep_config = EpConfig::new(spec.ep_spec(), RowDtype::Fp8);
+    ep_config.group_major_scales = true;
+    // A process of one rank shares its GPU with no rank of its own (processes that share a
+    // GPU take turns on it).
+    let (local, gpus, device) = match &one_rank {
+        Some((_, device, _)) => (1, 1, *device),
+        None => (spec.ranks, megamoe_cuda::device_count()?.max(1), 0),
+    };
+    let sms = Gpu::new(device)?.props().sm_count as usize;
+    ep_config.num_sms = comm_sms(spec.comm_sms, local, gpus, sms);
+    if let Some((deadline, fault)) = fault {
+        ep_config.deadline = deadline;
+        ep_config.fault = Some(fault);
+    }
+    let ep = match one_rank {
+        Some((rank, device, exchange)) => EpWorld::for_rank(ep_config, rank, device, exchange)?,
+        None => EpWorld::new(ep_config)?,
+    };
+    Ok((ep, sms))
+}
+
+/// One rank's L1 params: the GEMM over `operands` (dispatched rows times W1 into the
+/// intermediate), with the SwiGLU epilogue quantizing into the intermediate and its scales
+/// `act_scales`, weighted by the dispatched rows' `probs`; and the GEMM's error record.
+fn l1_params(
+    spec: &LayerSpec,
+    gpu: &Gpu,
+    config: &GemmConfig,
+    operands: GemmPointers,
+    act_scales: &DeviceBuffer,
+    probs: u64,
+) -> Result<(SplitL1Params, DeviceBuffer)> {
+    let (h, i) = (spec.shape.hidden, spec.shape.inter);
+    let el = spec.shape.local_experts(spec.ranks);
+    let rows = spec.pool_rows();
+    let problem = l1_problem(h, i, el, POOL_PAD);
+    let (gemm, error) = gemm_params(gpu, &problem, config, rows, operands)?;
+    let params = SplitL1Params {
+        gemm,
+        epilogue: SwigluQuant {
+            out: operands.out,
+            out_scales: act_scales.ptr(),
+            weights: probs,
+            rows_ld: rows as u32,
+            inter: i as u32,
+            group: spec.group as u32,
+            has_clamp: spec.clamp.is_some() as u32,
+            clamp: spec.clamp.unwrap_or(0.0),
+            reserved: [0; 5],
+        },
+    };
+    Ok((params, error))
+}
+
+/// One rank's L2 launches over `operands` on `gpu`, one per configuration of [`l2_configs`].
+fn l2_gemms(
+    spec: &LayerSpec,
+    gpu: &Gpu,
+    sms: usize,
+    operands: GemmPointers,
+) -> Result<Vec<GroupedGemm>> {
+    let rows = spec.pool_rows();
+    l2_configs(spec, sms)?
+        .into_iter()
+        .map(|(problem, config)| Ok(GroupedGemm::new(gpu, problem, config, rows, operands)?))
+        .collect()
 }
 
 /// The L2 GEMM's problem: the intermediate (K = I, scales per G) times W2 (N = H), bf16 rows.

@@ -1,6 +1,9 @@
 //! The per-rank inputs of one call, shared by both kinds: host slices or device tensors
-//! ([`Activations`], [`RankInput`], [`DeviceActivations`], [`DeviceRankTensors`]), and the host
-//! checks of a call (`check_call`) that run before anything is written.
+//! ([`Activations`], [`RankInput`], [`DeviceActivations`], [`DeviceRankTensors`]); every host
+//! check of a call, run before anything is written (`check_call` for host inputs,
+//! `check_device_tokens` for device tensors whose values the device checks, `check_lengths`,
+//! `check_no_recv_stats` and `narrow` for the calls on device tensors the host reads); and the
+//! copies that hand a call's outputs back.
 
 use std::ops::Range;
 
@@ -133,6 +136,36 @@ pub(crate) fn check_lengths(local: usize, tensors: usize, streams: usize) -> Res
         }
     }
     Ok(())
+}
+
+/// No tensor set of a call the host reads counts received rows (`recv_stats`): only calls
+/// checked on the device do.
+pub(crate) fn check_no_recv_stats(tensors: &[DeviceRankTensors]) -> Result<()> {
+    if tensors.iter().any(|t| t.recv_stats.is_some()) {
+        return Err(Error::Value {
+            arg: "recv_stats",
+            value: "given".into(),
+            reason: "only calls checked on the device (launch_device) count received rows".into(),
+        }
+        .into());
+    }
+    Ok(())
+}
+
+/// i64 expert ids as the i32 the layer takes; a value outside i32 is out of range whatever E is.
+pub(crate) fn narrow(idx: &[i64], topk: usize, experts: usize) -> megamoe_core::Result<Vec<i32>> {
+    idx.iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            i32::try_from(v).map_err(|_| Error::ExpertOutOfRange {
+                arg: "topk_idx",
+                row: i / topk,
+                slot: i % topk,
+                value: v,
+                experts,
+            })
+        })
+        .collect()
 }
 
 /// The T of each rank of `ranks` (the ranks this process holds, one input each), after
@@ -290,6 +323,24 @@ pub(crate) mod tests {
     use megamoe_core::routing::validate_rank;
     use megamoe_core::{Preset, RankInputs};
     use proptest::prelude::*;
+
+    #[test]
+    fn wide_expert_ids_narrow_or_are_named_out_of_range() {
+        assert_eq!(narrow(&[0, -1, 15, 3], 2, 16).unwrap(), vec![0, -1, 15, 3]);
+        let e = narrow(&[0, 1, 2, 1 << 32], 2, 16).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::ExpertOutOfRange {
+                    arg: "topk_idx",
+                    row: 1,
+                    slot: 1,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
 
     /// An exchange for tests whose arguments must be rejected before any exchange (either
     /// kind's construction).

@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 scripts/install-cuda-toolchain.sh
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# The GPU crates as a library uses them: without the `harness` feature the command line turns on.
+cargo clippy -p megamoe-cuda -p megamoe-gemm -p megamoe-ep -p megamoe-layer --all-targets --locked -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 cargo test --workspace --locked
 

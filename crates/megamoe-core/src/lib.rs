@@ -5,9 +5,9 @@
 //! permute (SPEC §5), and the schedule and memory planner. No CUDA here: the GPU crates replay
 //! what this crate defines and are checked against it.
 
-pub mod batch;
+mod batch;
 pub mod diff;
-pub mod error;
+mod error;
 pub mod floor;
 pub mod limits;
 pub mod numerics;

@@ -314,14 +314,19 @@ const _: () = assert!(std::mem::size_of::<ExpertL2>() == EXPERT_L2_BYTES);
 /// The faults of the probe instantiation (device: `FusedFault`).
 pub const FUSED_NO_FAULT: u32 = 0;
 /// The rank publishes its routing, then stops.
+#[cfg_attr(not(feature = "harness"), allow(dead_code))] // injected by the selftest only
 pub const FUSED_STOP_AFTER_ROUTING: u32 = 1;
 /// The rank stops after half of its tasks.
+#[cfg_attr(not(feature = "harness"), allow(dead_code))] // injected by the selftest only
 pub const FUSED_STOP_MID_TASKS: u32 = 2;
 /// The rank runs every task, then stops before signalling its L2 rows.
+#[cfg_attr(not(feature = "harness"), allow(dead_code))] // injected by the selftest only
 pub const FUSED_STOP_MID_COMBINE: u32 = 3;
 /// The rank publishes T = t_cap + 1.
+#[cfg_attr(not(feature = "harness"), allow(dead_code))] // injected by the selftest only
 pub const FUSED_CORRUPT_COUNT: u32 = 4;
 /// The rank sleeps `sleep_ns` before publishing its routing, then goes on.
+#[cfg_attr(not(feature = "harness"), allow(dead_code))] // injected by the selftest only
 pub const FUSED_SLOW_PEER: u32 = 5;
 
 /// Error codes the fused kernel leaves in its buffer's error record (device: `FusedError`).

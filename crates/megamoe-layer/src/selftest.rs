@@ -114,23 +114,7 @@ fn against_reference(
             if diff::output_hash(&again) != diff::output_hash(&got) {
                 return Err("a second run gave other bits".into());
             }
-            let mut all_masked = 0;
-            for (r, inputs) in world.ranks.iter().enumerate() {
-                for t in 0..inputs.tokens {
-                    let k = shape.topk;
-                    if inputs.topk_idx[t * k..][..k].iter().all(|&e| e < 0) {
-                        all_masked += 1;
-                        if got[r][t * shape.hidden..][..shape.hidden]
-                            .iter()
-                            .any(|v| v.to_bits() != 0)
-                        {
-                            return Err(format!(
-                                "rank {r} token {t}: every slot masked, output not 0"
-                            ));
-                        }
-                    }
-                }
-            }
+            let all_masked = all_masked_tokens(&world, &got)?;
             if kind == "masked" && all_masked == 0 {
                 return Err("the masked batch has no token with every slot masked".into());
             }
@@ -159,6 +143,26 @@ fn against_reference(
             Ok(note)
         }),
     }
+}
+
+/// The tokens of `world` with every slot masked, after checking that their rows of `got` are
+/// exactly 0.
+fn all_masked_tokens(world: &WorldInputs, got: &[Vec<bf16>]) -> Result<usize, String> {
+    let (h, k) = (world.shape.hidden, world.shape.topk);
+    let mut all_masked = 0;
+    for (r, inputs) in world.ranks.iter().enumerate() {
+        for t in 0..inputs.tokens {
+            if inputs.topk_idx[t * k..][..k].iter().all(|&e| e < 0) {
+                all_masked += 1;
+                if got[r][t * h..][..h].iter().any(|v| v.to_bits() != 0) {
+                    return Err(format!(
+                        "rank {r} token {t}: every slot masked, output not 0"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(all_masked)
 }
 
 /// The shape of [`layer_rank_check`].
@@ -291,109 +295,136 @@ fn bad_inputs(kind: Kind) -> Check {
             let good = bf16_inputs(&world);
             let want = layer.forward(&good, None).map_err(err)?;
             let before = layer.input_bytes().map_err(err)?;
-            let k = shape.topk;
-            let mut out_of_range = world.ranks[1].topk_idx.clone();
-            out_of_range[5] = shape.experts as i32;
-            let mut duplicate = world.ranks[1].topk_idx.clone();
-            duplicate[k + 1] = duplicate[k];
-            let long_x: Vec<bf16> = vec![bf16::ZERO; 33 * shape.hidden];
-            let long_idx = vec![0i32; 33 * k];
-            let long_w = vec![0f32; 33 * k];
-            let short_w = &world.ranks[1].topk_weights[1..];
-            let mut nan_w = world.ranks[1].topk_weights.clone();
-            nan_w[0] = f32::NAN;
-            let cases: Vec<(&str, Vec<RankInput>, Option<usize>)> = vec![
-                (
-                    "topk_idx",
-                    vec![
-                        good[0],
-                        RankInput {
-                            topk_idx: &out_of_range,
-                            ..good[1]
-                        },
-                    ],
-                    None,
-                ),
-                (
-                    "topk_idx",
-                    vec![
-                        good[0],
-                        RankInput {
-                            topk_idx: &duplicate,
-                            ..good[1]
-                        },
-                    ],
-                    None,
-                ),
-                (
-                    "tokens",
-                    vec![
-                        good[0],
-                        RankInput {
-                            x: Activations::Bf16(&long_x),
-                            topk_idx: &long_idx,
-                            topk_weights: &long_w,
-                        },
-                    ],
-                    None,
-                ),
-                (
-                    "topk_weights",
-                    vec![
-                        good[0],
-                        RankInput {
-                            topk_weights: short_w,
-                            ..good[1]
-                        },
-                    ],
-                    None,
-                ),
-                (
-                    "topk_weights",
-                    vec![
-                        good[0],
-                        RankInput {
-                            topk_weights: &nan_w,
-                            ..good[1]
-                        },
-                    ],
-                    None,
-                ),
-                (
-                    "x",
-                    vec![
-                        good[0],
-                        RankInput {
-                            x: Activations::Bf16(&world.ranks[1].x[1..]),
-                            ..good[1]
-                        },
-                    ],
-                    None,
-                ),
-                ("inputs", vec![good[0]], None),
-                ("num_tokens_bound", good.clone(), Some(31)),
-                ("num_tokens_bound", good.clone(), Some(33)),
-            ];
-            for (arg, inputs, bound) in &cases {
-                match layer.forward(inputs, *bound) {
-                    Ok(_) => return Err(format!("a bad `{arg}` was accepted")),
-                    Err(e) if !e.to_string().contains(arg) => {
-                        return Err(format!(
-                            "a bad `{arg}` gave an error that does not name it: {e}"
-                        ))
-                    }
-                    Err(_) => {}
-                }
-                if layer.input_bytes().map_err(err)? != before {
-                    return Err(format!("a bad `{arg}` wrote to the inputs"));
-                }
-            }
+            let bad = BadRank1::of(&world);
+            let cases = bad.cases(&world, &good);
+            reject_each(&mut layer, &cases, &before)?;
             if layer.forward(&good, Some(32)).map_err(err)? != want {
                 return Err("the good call after the bad ones gave other bits".into());
             }
             Ok(format!("{} bad calls rejected", cases.len()))
         }),
     }
+}
+
+/// Rank 1's bad inputs of [`bad_inputs`]: an expert out of range, an expert twice, more tokens
+/// than T_max, a NaN weight.
+struct BadRank1 {
+    out_of_range: Vec<i32>,
+    duplicate: Vec<i32>,
+    long_x: Vec<bf16>,
+    long_idx: Vec<i32>,
+    long_w: Vec<f32>,
+    nan_w: Vec<f32>,
+}
+
+impl BadRank1 {
+    fn of(world: &WorldInputs) -> BadRank1 {
+        let (shape, rank1) = (world.shape, &world.ranks[1]);
+        let k = shape.topk;
+        let mut out_of_range = rank1.topk_idx.clone();
+        out_of_range[5] = shape.experts as i32;
+        let mut duplicate = rank1.topk_idx.clone();
+        duplicate[k + 1] = duplicate[k];
+        let mut nan_w = rank1.topk_weights.clone();
+        nan_w[0] = f32::NAN;
+        BadRank1 {
+            out_of_range,
+            duplicate,
+            long_x: vec![bf16::ZERO; 33 * shape.hidden],
+            long_idx: vec![0i32; 33 * k],
+            long_w: vec![0f32; 33 * k],
+            nan_w,
+        }
+    }
+
+    /// Every bad call of a layer of T_max 32 on `world` (inputs `good`): the argument it
+    /// breaks, the inputs, the bound.
+    fn cases<'a>(
+        &'a self,
+        world: &'a WorldInputs,
+        good: &[RankInput<'a>],
+    ) -> Vec<(&'static str, Vec<RankInput<'a>>, Option<usize>)> {
+        // Rank 0's good input beside a bad one of rank 1.
+        let rank1 = |bad| vec![good[0], bad];
+        vec![
+            (
+                "topk_idx",
+                rank1(RankInput {
+                    topk_idx: &self.out_of_range,
+                    ..good[1]
+                }),
+                None,
+            ),
+            (
+                "topk_idx",
+                rank1(RankInput {
+                    topk_idx: &self.duplicate,
+                    ..good[1]
+                }),
+                None,
+            ),
+            (
+                "tokens",
+                rank1(RankInput {
+                    x: Activations::Bf16(&self.long_x),
+                    topk_idx: &self.long_idx,
+                    topk_weights: &self.long_w,
+                }),
+                None,
+            ),
+            (
+                "topk_weights",
+                rank1(RankInput {
+                    topk_weights: &world.ranks[1].topk_weights[1..],
+                    ..good[1]
+                }),
+                None,
+            ),
+            (
+                "topk_weights",
+                rank1(RankInput {
+                    topk_weights: &self.nan_w,
+                    ..good[1]
+                }),
+                None,
+            ),
+            (
+                "x",
+                rank1(RankInput {
+                    x: Activations::Bf16(&world.ranks[1].x[1..]),
+                    ..good[1]
+                }),
+                None,
+            ),
+            ("inputs", vec![good[0]], None),
+            ("num_tokens_bound", good.to_vec(), Some(31)),
+            ("num_tokens_bound", good.to_vec(), Some(33)),
+        ]
+    }
+}
+
+/// Every call of `cases` (the argument it breaks, the inputs, the bound) is an error naming
+/// that argument, and leaves the layer's staged inputs as `before`.
+fn reject_each(
+    layer: &mut MoeLayer,
+    cases: &[(&str, Vec<RankInput>, Option<usize>)],
+    before: &[u8],
+) -> Result<(), String> {
+    for (arg, inputs, bound) in cases {
+        match layer.forward(inputs, *bound) {
+            Ok(_) => return Err(format!("a bad `{arg}` was accepted")),
+            Err(e) if !e.to_string().contains(arg) => {
+                return Err(format!(
+                    "a bad `{arg}` gave an error that does not name it: {e}"
+                ))
+            }
+            Err(_) => {}
+        }
+        if layer.input_bytes().map_err(err)? != before {
+            return Err(format!("a bad `{arg}` wrote to the inputs"));
+        }
+    }
+    Ok(())
 }
 
 /// SPEC §6: a NaN or ±Inf in one token's `x` changes only that token's output; every other
@@ -483,14 +514,7 @@ fn ring_wraps(ranks: usize, tokens: usize) -> Check {
                 if got != want {
                     return Err(format!("call {call} ({kind}): fused and split bits differ"));
                 }
-                let staged_full = full_pool.stage(&inputs, None).map_err(err)?;
-                if staged_full.lag_units().is_some() {
-                    return Err("the full-pool layer lags".into());
-                }
-                full_pool.launch(&staged_full).map_err(err)?;
-                full_pool.finish().map_err(err)?;
-                plan_matches(&full_pool, &staged_full, &world)?;
-                if full_pool.outputs(&staged_full).map_err(err)? != got {
+                if full_pool_outputs(&mut full_pool, &inputs, &world)? != got {
                     return Err(format!(
                         "call {call} ({kind}): the ring and the full pool give other bits"
                     ));
@@ -523,6 +547,23 @@ fn ring_wraps(ranks: usize, tokens: usize) -> Check {
             ))
         }),
     }
+}
+
+/// The outputs of `full_pool` (a layer whose ring never wraps) on `inputs` (of `world`), after
+/// checking that it runs the call in a single wave and that its plans are the planner's.
+fn full_pool_outputs(
+    full_pool: &mut FusedLayer,
+    inputs: &[RankInput],
+    world: &WorldInputs,
+) -> Result<Vec<Vec<bf16>>, String> {
+    let staged = full_pool.stage(inputs, None).map_err(err)?;
+    if staged.lag_units().is_some() {
+        return Err("the full-pool layer lags".into());
+    }
+    full_pool.launch(&staged).map_err(err)?;
+    full_pool.finish().map_err(err)?;
+    plan_matches(full_pool, &staged, world)?;
+    full_pool.outputs(&staged).map_err(err)
 }
 
 /// The plan the kernel built on every rank for `layer`'s last call (m-blocks and task stream)

@@ -6,7 +6,7 @@ use megamoe_core::plan::{Kernel, SymmetricLayout};
 use megamoe_core::preset::Shape;
 use megamoe_core::quant::default_group;
 use megamoe_core::{Error, Result};
-use megamoe_ep::layout::{BufferLayout, BufferSpec, MAX_EXPERTS, MAX_RANKS, MAX_TOPK};
+use megamoe_ep::{BufferLayout, BufferSpec, MAX_EXPERTS, MAX_RANKS, MAX_TOPK};
 use megamoe_gemm::heuristics::MAX_K_BLOCKS;
 
 /// Rows of each expert's segment of the dispatched pool are padded to this: the L1 and L2

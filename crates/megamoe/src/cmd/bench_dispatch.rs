@@ -7,9 +7,8 @@ use std::path::PathBuf;
 
 use megamoe_core::limits;
 use megamoe_ep::bench::{BenchSetup, DispatchBench};
-use megamoe_ep::layout::{BufferSpec, RowDtype};
 use megamoe_ep::selftest::Routing;
-use megamoe_ep::CombineOrder;
+use megamoe_ep::{BufferSpec, CombineOrder, RowDtype};
 use serde::Serialize;
 
 use crate::args::{self, usage, Usage};

@@ -8,8 +8,7 @@ use megamoe_core::limits;
 use megamoe_core::routing::{RoutingKind, RoutingSpec};
 use megamoe_core::{Preset, Shape};
 use megamoe_layer::bench::{self, LayerBench, LayerRow};
-use megamoe_layer::split::Phase;
-use megamoe_layer::{Kind, LayerSpec};
+use megamoe_layer::{Kind, LayerSpec, Phase};
 use serde::Serialize;
 
 use crate::args::{self, usage, Usage};

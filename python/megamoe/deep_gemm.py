@@ -41,8 +41,6 @@ What differs:
   ``topk_weights`` into it.
 """
 
-import warnings
-
 from . import _megamoe
 from ._tensors import address, stream, torch
 from .layer import MoELayer, refuse_capture
@@ -296,7 +294,7 @@ def fp8_mega_moe(y, l1_weights, l2_weights, sym_buffer, cumulative_local_expert_
     th = torch()
     layer = sym_buffer._layer_for(activation_clamp, l1_weights, l2_weights)
     device = sym_buffer._device
-    h, k = sym_buffer.hidden, sym_buffer.num_topk
+    h = sym_buffer.hidden
     y_ptr = address("y", y, th.bfloat16, (None, h), device)
     tokens = y.shape[0]
     if tokens > sym_buffer.num_max_tokens_per_rank:

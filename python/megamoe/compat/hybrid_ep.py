@@ -58,6 +58,7 @@ import os
 import weakref
 from typing import NamedTuple
 
+from .._megamoe import check_tensor
 from .._tensors import torch as _torch
 
 #: The most experts one token can be routed to (megamoe's top-k bound).
@@ -219,13 +220,9 @@ class HybridEPBuffer:
         return [th.device("cuda", r % g) for r in range(self.num_ranks)]
 
     def _check_tensor(self, name, t, dtype, shape, device):
-        if t.dtype != dtype:
-            raise ValueError(f"{name}: dtype {t.dtype}, expected {dtype}")
-        if t.dim() != len(shape) or any(w is not None and g != w for g, w in zip(t.shape, shape)):
-            want = ", ".join("*" if w is None else str(w) for w in shape)
-            raise ValueError(f"{name}: shape {tuple(t.shape)}, expected ({want})")
-        if t.device != device:
-            raise ValueError(f"{name}: on {t.device}, expected {device}")
+        """Dtype, shape and device of a tensor torch reads (converted before megamoe.ep takes
+        it, so any layout does)."""
+        check_tensor(name, t, dtype, shape, device.index, by_address=False)
 
     def _check_pad_multiple(self, pad_multiple):
         if pad_multiple is None or pad_multiple == 0:

@@ -205,8 +205,8 @@ class MoELayer:
         if len(self.ranks) != 1:
             raise ValueError(f"x: this layer holds ranks {self.ranks} in this process; "
                              "forward_ranks takes a list with one tensor per rank")
-        return self._run([x], [topk_idx], [topk_weights], num_tokens_bound,
-                         None if y is None else [y])[0]
+        return self.forward_ranks([x], [topk_idx], [topk_weights], num_tokens_bound,
+                                  None if y is None else [y])[0]
 
     def forward_ranks(self, x: Sequence[Activations], topk_idx: Sequence[Tensor],
                       topk_weights: Sequence[Tensor], num_tokens_bound: int | None = None,
@@ -216,10 +216,6 @@ class MoELayer:
         in that order, each on its rank's device; returns the list of y. ``num_tokens_bound``
         is at least every rank's T; given ``y`` (a list), the fused kind queues the call on each
         rank's current stream."""
-        return self._run(x, topk_idx, topk_weights, num_tokens_bound, y)
-
-    def _run(self, x, topk_idx, topk_weights, num_tokens_bound, y) -> list[Tensor]:
-        """The call of :meth:`forward_ranks`: checks every rank's arguments, then runs."""
         n = len(self.ranks)
         per_rank = {"x": x, "topk_idx": topk_idx, "topk_weights": topk_weights}
         if y is not None:

@@ -6,33 +6,7 @@ import pytest
 
 from megamoe._megamoe import check_tensor
 
-
-class Dtype:
-    def __init__(self, name):
-        self.name = name
-
-    def __str__(self):
-        return f"torch.{self.name}"
-
-
-BF16, F32, I32, I64 = Dtype("bfloat16"), Dtype("float32"), Dtype("int32"), Dtype("int64")
-
-
-class Tensor:
-    """What the checker reads of a torch tensor."""
-
-    def __init__(self, dtype=BF16, shape=(3, 256), device=0, contiguous=True, ptr=0x7F00_0000_1000):
-        self.dtype, self.shape = dtype, shape
-        self._device, self._contiguous, self._ptr = device, contiguous, ptr
-
-    def get_device(self):
-        return self._device  # -1 off CUDA, as torch says
-
-    def is_contiguous(self):
-        return self._contiguous
-
-    def data_ptr(self):
-        return self._ptr
+from _fakes import BF16, F32, I32, I64, Tensor
 
 
 def test_a_good_tensor_gives_its_address():

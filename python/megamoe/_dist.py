@@ -3,12 +3,15 @@ process per rank (``ep.Buffer.for_process_group``, ``MoELayer.for_process_group`
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ._tensors import torch
 
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
-def process_rank(group, arg: str) -> tuple[int, int, Callable[[bytes], list], int]:
+
+def process_rank(group: ProcessGroup | None, arg: str) -> tuple[int, int, Callable[[bytes], list], int]:
     """(rank, size, all_gather, device) of this process in ``group`` (None: the default group):
     its rank and the group's size, an ``all_gather(bytes) -> list`` over the group's
     ``all_gather_object`` (the symmetric buffers' handle exchange), and the current CUDA device

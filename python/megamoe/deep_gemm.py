@@ -52,6 +52,7 @@ from .layer import MoELayer, refuse_capture
 
 if TYPE_CHECKING:
     from torch import Tensor
+    from torch.distributed import ProcessGroup
 
     # (weights, scale factors) of this rank's experts.
     Weights = tuple[Tensor, Tensor]
@@ -127,7 +128,7 @@ class SymmBuffer:
     when the first call loads the weights). ``num_max_tokens_per_rank`` is the capacity rounded up
     to :func:`get_token_alignment_for_mega_moe`."""
 
-    def __init__(self, group, num_experts: int, num_max_tokens_per_rank: int, num_topk: int, hidden: int,
+    def __init__(self, group: ProcessGroup | None, num_experts: int, num_max_tokens_per_rank: int, num_topk: int, hidden: int,
                  intermediate_hidden: int, use_fp8_dispatch: bool = True, activation: str = "swiglu",
                  fused: bool = False, num_experts_per_wave: int | None = None,
                  l2_act_sf_gran_k: int | None = None):
@@ -218,7 +219,7 @@ class SymmBuffer:
         return self.layer
 
 
-def _world_size(group) -> int:
+def _world_size(group: ProcessGroup) -> int:
     import torch.distributed as dist
 
     return dist.get_world_size(group)
@@ -230,7 +231,7 @@ def _pair(name: str, weights: Weights) -> Weights:
     return weights
 
 
-def get_symm_buffer_for_mega_moe(group, num_experts: int, num_max_tokens_per_rank: int, num_topk: int,
+def get_symm_buffer_for_mega_moe(group: ProcessGroup | None, num_experts: int, num_max_tokens_per_rank: int, num_topk: int,
                                  hidden: int, intermediate_hidden: int, use_fp8_dispatch: bool = True,
                                  activation: str = "swiglu", fused: bool = False,
                                  num_experts_per_wave: int | None = None,

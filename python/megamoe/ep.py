@@ -45,13 +45,16 @@ from __future__ import annotations
 import ctypes
 import warnings
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from . import _megamoe
 from ._dist import process_rank
 from ._tensors import torch as _torch
 
 torch = _torch()  # without PyTorch: the ImportError that names it
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 ORDERS = ("per_rank", "exact")
 
@@ -100,7 +103,7 @@ class Buffer:
         dtype: str = "bf16",
         num_sms: int | None = None,
         deadline_ms: int | None = None,
-        group=None,
+        group: ProcessGroup | None = None,
     ) -> Buffer:
         """This process's rank of a world of one process per rank: rank
         ``dist.get_rank(group)`` of ``dist.get_world_size(group)`` ranks (``group``: a
@@ -268,8 +271,17 @@ def _empty(buffer: Buffer, i: int, shape, dtype) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=buffer.devices[i])
 
 
-def run_dispatch(buffer: Buffer, handle: Handle, x, x_scales, topk_idx, probs, pad_multiple, num_rows_bound,
-                 codes=None):
+def run_dispatch(
+    buffer: Buffer,
+    handle: Handle,
+    x: list[torch.Tensor],
+    x_scales: list[torch.Tensor] | None,
+    topk_idx: list[torch.Tensor],
+    probs: list[torch.Tensor],
+    pad_multiple: int,
+    num_rows_bound: int | None,
+    codes: list[torch.Tensor] | None = None,
+) -> tuple[list[torch.Tensor], list[torch.Tensor] | None, list[torch.Tensor], list]:
     """The dispatch into ``handle`` and the copy of its results out, without autograd (the
     calls :func:`dispatch_with_permute` and the compatibility layers make). Per local rank:
     ``x`` (bf16, or e4m3 with f32 ``x_scales`` on FP8 buffers), int32 ``topk_idx`` and f32
@@ -302,7 +314,14 @@ def run_dispatch(buffer: Buffer, handle: Handle, x, x_scales, topk_idx, probs, p
     return rows, row_scales, row_probs, handle.native.tokens_per_expert
 
 
-def run_combine(buffer: Buffer, handle: Handle, rows, order: str, prob_grads=None, wait: bool = True):
+def run_combine(
+    buffer: Buffer,
+    handle: Handle,
+    rows: list[torch.Tensor],
+    order: str,
+    prob_grads: list[torch.Tensor] | None = None,
+    wait: bool = True,
+) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
     """The combine of bf16 ``rows`` (per local rank, in ``handle``'s layout) in ``order``,
     without autograd. With ``prob_grads`` (f32 ``[rows_r]``) it is the dispatch's backward and
     the prob gradients are scattered back too. After a blocking dispatch it waits for the call
@@ -318,7 +337,9 @@ def run_combine(buffer: Buffer, handle: Handle, rows, order: str, prob_grads=Non
     return y, grad_probs
 
 
-def run_combine_backward(buffer: Buffer, handle: Handle, grad_y, wait: bool = True):
+def run_combine_backward(
+    buffer: Buffer, handle: Handle, grad_y: list[torch.Tensor], wait: bool = True
+) -> list[torch.Tensor]:
     """The combine's backward without autograd: bf16 ``grad_y`` ``[T_r, H]`` per local rank
     dispatched along ``handle``'s routing (waited for as in :func:`run_combine`); returns the
     bf16 row gradients ``[rows_r, H]``."""
@@ -541,7 +562,7 @@ class SymmetricMemory:
     handles of ``cuMemAlloc`` memory, exchanged with ``all_gather_object``. Raises
     RuntimeError, naming both ranks, when this GPU has no peer access to a peer's GPU."""
 
-    def __init__(self, nbytes: int, group=None, device: int | None = None):
+    def __init__(self, nbytes: int, group: ProcessGroup | None = None, device: int | None = None):
         import torch.distributed as dist
 
         device = torch.cuda.current_device() if device is None else device

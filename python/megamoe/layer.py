@@ -32,6 +32,7 @@ from ._tensors import stream, torch
 
 if TYPE_CHECKING:
     from torch import Tensor
+    from torch.distributed import ProcessGroup
 
     # A bf16 input, or one already quantized: (e4m3 codes [T, H], f32 scales [T, H/128]).
     Activations = Union[Tensor, tuple[Tensor, Tensor]]
@@ -97,7 +98,8 @@ class MoELayer:
     def for_process_group(cls, num_experts: int, num_max_tokens_per_rank: int, num_topk: int,
                           hidden: int, intermediate_hidden: int, kind: str = "fused",
                           scale_granularity: int | None = None, clamp: float | None = None,
-                          process_group=None, *, group: int | None = None) -> MoELayer:
+                          process_group: ProcessGroup | None = None, *,
+                          group: int | None = None) -> MoELayer:
         """This process's rank of a layer of one process per rank (either kind): rank
         ``dist.get_rank(process_group)`` of ``dist.get_world_size(process_group)`` ranks
         (``process_group``: a torch.distributed process group, the default one when None), on
@@ -279,7 +281,8 @@ class MoELayer:
 def get_symm_buffer_for_mega_moe(num_ranks: int | None, num_experts: int, num_max_tokens_per_rank: int,
                                  num_topk: int, hidden: int, intermediate_hidden: int, kind: str = "fused",
                                  scale_granularity: int | None = None, clamp: float | None = None,
-                                 process_group=None, *, group: int | None = None) -> MoELayer:
+                                 process_group: ProcessGroup | None = None, *,
+                                 group: int | None = None) -> MoELayer:
     """An :class:`MoELayer`, with ``num_ranks`` (ranks of this process) where DeepGEMM's function
     of this name takes a process group (``megamoe.deep_gemm`` has DeepGEMM's signature). With
     ``process_group`` (a torch.distributed process group, e.g. ``dist.group.WORLD``), this

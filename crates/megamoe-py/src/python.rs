@@ -158,6 +158,7 @@ fn _megamoe(m: &Bound<'_, PyModule>) -> PyResult<()> {
     crate::layer::bindings::register(m)?;
     crate::gemm::bindings::register(m)?;
     crate::ep::py::register(m)?;
+    crate::tensor::bindings::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

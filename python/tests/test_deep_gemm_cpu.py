@@ -86,6 +86,7 @@ BAD_BUFFERS = [
     (dict(hidden=100), "hidden"),
     (dict(num_topk=17), "num_topk"),
     (dict(num_max_tokens_per_rank=-1), "num_max_tokens_per_rank"),
+    (dict(accumulation="Rescaled"), '^accumulation: "Rescaled" must be'),
 ]
 
 
@@ -136,6 +137,12 @@ def test_the_layer_takes_the_old_keyword_with_a_warning(build):
     # A bad granularity is named by its new name.
     with pytest.raises(ValueError, match="scale_granularity"):
         getattr(megamoe, build)(1, 16, 64, 4, 256, 128, scale_granularity=96)
+
+
+@pytest.mark.parametrize("build", ["MoELayer", "get_symm_buffer_for_mega_moe"])
+def test_a_bad_accumulation_is_a_value_error_naming_it(build):
+    with pytest.raises(ValueError, match='^accumulation: "fast" must be "per-block" or "rescaled"'):
+        getattr(megamoe, build)(1, 16, 64, 4, 256, 128, accumulation="fast")
 
 
 @pytest.mark.skipif(not HAS_TORCH, reason="the transforms take torch tensors")

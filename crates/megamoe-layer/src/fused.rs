@@ -341,7 +341,7 @@ impl FusedLayer {
         let launch = LaunchConfig::new(ctas as u32, FUSED_THREADS)
             .with_dynamic_smem(fused_smem_bytes(spec.group) as u32)
             .with_pdl(true);
-        let compiled = jit::compile(&fused_spec(spec.group, probe))?;
+        let compiled = jit::compile(&fused_spec(spec.group, spec.accumulation, probe))?;
         let kernels = world.load(&compiled)?;
         let buffers = world.alloc_symmetric(layout.total_bytes as usize)?;
         let ring_rows = layout.pool_rows;
@@ -351,7 +351,7 @@ impl FusedLayer {
             *p = buffers.ptr(r);
         }
         let off = |name| region(&layout, name);
-        let config = l1_config(ctas);
+        let config = l1_config(ctas, spec.accumulation);
         let mut ranks = Vec::with_capacity(world.ranks().len());
         for (r, kernel) in world.local_ranks().zip(kernels) {
             let w = weights(r).map_err(|e| LayerError::input(r, e))?;
@@ -373,6 +373,7 @@ impl FusedLayer {
                     layout: Layout::Contiguous { pad: POOL_PAD },
                     out: OutDtype::Bf16,
                     rows_per_expert: POOL_PAD,
+                    accumulation: spec.accumulation,
                 };
                 let config = GemmConfig {
                     group_size: group,

@@ -174,7 +174,7 @@ impl SplitLayer {
             None => EpWorld::new(ep_config)?,
         };
         let handle = ep.new_handle()?;
-        let l1_config = l1_config(sms);
+        let l1_config = l1_config(sms, spec.accumulation);
         let l1_compiled = jit::compile(&split_l1_spec(&l1_config))?;
 
         let mut ranks = Vec::with_capacity(ep.local_ranks().len());
@@ -194,7 +194,7 @@ impl SplitLayer {
             let pool = ep.handle_ptrs(&handle, r);
             let (gemm, l1_error) = gemm_params(
                 &gpu,
-                &l1_problem(h, i, el, POOL_PAD),
+                &l1_problem(h, i, el, POOL_PAD, spec.accumulation),
                 &l1_config,
                 rows,
                 GemmPointers {
@@ -494,7 +494,13 @@ impl SplitLayer {
         let (h, i) = (self.spec.shape.hidden, self.spec.shape.inter);
         let el = self.spec.shape.local_experts(self.spec.ranks);
         let rows = self.spec.pool_rows();
-        let problem = l1_problem(h, i, el, self.rows_per_expert(staged));
+        let problem = l1_problem(
+            h,
+            i,
+            el,
+            self.rows_per_expert(staged),
+            self.spec.accumulation,
+        );
         let config = choose(&problem, self.l1_config.ctas)?;
         let mut l1 = Vec::new();
         let mut scratch = Vec::new();
@@ -552,6 +558,7 @@ fn l2_problem(spec: &LayerSpec, rows_per_expert: usize) -> GemmProblem {
         layout: Layout::Contiguous { pad: POOL_PAD },
         out: OutDtype::Bf16,
         rows_per_expert,
+        accumulation: spec.accumulation,
     }
 }
 

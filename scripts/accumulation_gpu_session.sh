@@ -11,7 +11,8 @@
 #   4. scripts/bench_layer_kernel_time.py (kernel time, 8 GB L2 flush) in both accumulations.
 # The summary table comes last.
 # usage: scripts/accumulation_gpu_session.sh MEGAMOE_BINARY WHEEL_DIR OUT_DIR [STEPS]
-#   STEPS: which of "correct gemm layer kernel" to run (default all).
+#   STEPS: which of "correct gemm layer kernel" to run (default all; about 3 + 1.5 + 3 + 3
+#   minutes).
 set -u
 bin=$(realpath "$1")
 wheels=$(realpath "$2")
@@ -27,8 +28,7 @@ tokens=64,256,1024,2048,4096,8192
 for s in $steps; do
   case $s in
     correct)
-      step selftest_rescaled 200 selftest --only "layer accuracy,_rescaled"
-      step selftest_fused 200 selftest --only "layer fused" ;;
+      step selftest 300 selftest --only "layer accuracy,_rescaled,layer fused" ;;
     gemm)
       # flash/32: 192 and 1536 rows per expert; pro/48: 128 and 1024.
       for shape in l1 l2; do
@@ -64,19 +64,19 @@ def lines(name):
     p = os.path.join(out, name)
     return open(p).read().splitlines() if os.path.exists(p) else []
 print("== correctness")
-for l in lines("selftest_rescaled.txt"):
+for l in lines("selftest.txt"):
     if re.search(r"^(FAIL|PASS +layer accuracy)|checks passed", l):
         print(l)
-fails = [l for l in lines("selftest_rescaled.txt") if l.startswith("FAIL")]
-passed = sum(l.startswith("PASS  gemm") for l in lines("selftest_rescaled.txt"))
-print(f"rescaled GEMM configurations passed: {passed}; failures: {len(fails)}")
+passed = sum(l.startswith("PASS  gemm") for l in lines("selftest.txt"))
+print(f"rescaled GEMM configurations passed: {passed} (of 50)")
 hashes = lambda ls: {m.group(1).strip(): m.group(2) for m in
                      (re.match(r"^PASS +(layer \S+ .*?) {2,}[\d.]+ ms .*hash ([0-9a-f]{16})", l) for l in ls) if m}
 want = hashes(open(ref).read().splitlines()) if os.path.exists(ref) else {}
-got = hashes(lines("selftest_fused.txt"))
+fused = [l for l in lines("selftest.txt") if re.match(r"^(PASS|FAIL) +layer fused", l)]
+got = hashes(fused)
 same = [n for n in got if want.get(n) == got[n]]
-print(f"default fused checks: {sum(l.startswith('PASS') for l in lines('selftest_fused.txt'))} passed, "
-      f"{sum(l.startswith('FAIL') for l in lines('selftest_fused.txt'))} failed; hashes equal to "
+print(f"default fused checks: {sum(l.startswith('PASS') for l in fused)} passed, "
+      f"{sum(l.startswith('FAIL') for l in fused)} failed; hashes equal to "
       f"{os.path.basename(ref)}: {len(same)} of {len(got)} "
       f"(differ: {[n for n in got if n in want and want[n] != got[n]]})")
 def cells(name):

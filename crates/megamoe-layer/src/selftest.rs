@@ -33,7 +33,7 @@ use crate::split::SplitLayer;
 pub const MAX_DIFF: f64 = 1e-4;
 
 /// The bound of the rescaled accumulation's checks: SPEC §3's bound for any batch (the mode
-/// trades accuracy for speed; [`accuracy`] measures it).
+/// trades accuracy for speed; the `layer accuracy` checks measure it).
 pub const MAX_DIFF_RESCALED: f64 = 1e-3;
 
 fn shape(preset: &str, experts: Option<usize>) -> Shape {

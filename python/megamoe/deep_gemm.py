@@ -119,7 +119,7 @@ class SymmBuffer:
 
     def __init__(self, group, num_experts, num_max_tokens_per_rank, num_topk, hidden,
                  intermediate_hidden, use_fp8_dispatch=True, activation="swiglu", fused=False,
-                 num_experts_per_wave=None, l2_act_sf_gran_k=None, accumulation="per-block"):
+                 num_experts_per_wave=None, l2_act_sf_gran_k=None, *, accumulation="per-block"):
         _dispatch_and_activation(use_fp8_dispatch, activation)
         if num_experts_per_wave is not None and (
                 not isinstance(num_experts_per_wave, int) or num_experts_per_wave == 0
@@ -225,14 +225,15 @@ def _pair(name, weights):
 
 def get_symm_buffer_for_mega_moe(group, num_experts, num_max_tokens_per_rank, num_topk, hidden,
                                  intermediate_hidden, use_fp8_dispatch=True, activation="swiglu",
-                                 fused=False, num_experts_per_wave=None, l2_act_sf_gran_k=None,
+                                 fused=False, num_experts_per_wave=None, l2_act_sf_gran_k=None, *,
                                  accumulation="per-block"):
     """The :class:`SymmBuffer` of this process's rank of ``group``, its capacity rounded up to
     :func:`get_token_alignment_for_mega_moe`. ``fused``: megamoe's fused layer (True) or its
     split layer (False, DeepGEMM's default; see the module's notes); ``l2_act_sf_gran_k``: columns
     per scale of the intermediate (64 or 128; None: the shape rule); ``num_experts_per_wave``:
     DeepGEMM's ring sizing (None, -1 or N), accepted and checked; megamoe's ring follows its own
-    rule, and results do not depend on it. ``accumulation`` (megamoe's, not DeepGEMM's):
+    rule, and results do not depend on it. ``accumulation`` (megamoe's keyword-only addition to
+    DeepGEMM's signature):
     "per-block" (the default, SPEC §3: error flat in the hidden size) or "rescaled" (the running
     sum kept in the tensor cores' accumulator, as DeepGEMM's fused kernel does: faster, its
     error growing with the hidden size; see :class:`megamoe.MoELayer`). Bad arguments raise
@@ -243,7 +244,7 @@ def get_symm_buffer_for_mega_moe(group, num_experts, num_max_tokens_per_rank, nu
     capacity = (num_max_tokens_per_rank + align - 1) // align * align
     return SymmBuffer(group, num_experts, capacity, num_topk, hidden, intermediate_hidden,
                       use_fp8_dispatch, activation, fused, num_experts_per_wave, l2_act_sf_gran_k,
-                      accumulation)
+                      accumulation=accumulation)
 
 
 def transform_weights_for_mega_moe(l1_weights, l2_weights):

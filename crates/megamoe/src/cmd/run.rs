@@ -61,9 +61,10 @@ pub struct RunArgs {
     /// `--backend cpu`, noted and not used when `--backend auto` finds no GPU.
     #[arg(long, value_enum)]
     kernel: Option<KernelArg>,
-    /// How the GPU layer's GEMMs sum over K. Refused with `--backend cpu` (the reference is
-    /// per-block), noted and not used when `--backend auto` finds no GPU.
-    #[arg(long, value_parser = args::accumulation, help = args::ACCUMULATION_HELP)]
+    #[arg(long, value_parser = args::accumulation,
+          help = format!("{}. GPU only: refused with `--backend cpu` (the reference is \
+                          per-block), noted when `--backend auto` finds no GPU",
+                         args::ACCUMULATION_HELP))]
     accumulation: Option<Accumulation>,
     /// GPU backend: also compute the CPU reference and report `diff_vs_reference` and
     /// `diff_vs_f64` (done without asking where the reference is cheap, e.g. tiny). Refused

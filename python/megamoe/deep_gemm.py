@@ -131,7 +131,7 @@ class SymmBuffer:
     def __init__(self, group: ProcessGroup | None, num_experts: int, num_max_tokens_per_rank: int, num_topk: int, hidden: int,
                  intermediate_hidden: int, use_fp8_dispatch: bool = True, activation: str = "swiglu",
                  fused: bool = False, num_experts_per_wave: int | None = None,
-                 l2_act_sf_gran_k: int | None = None):
+                 l2_act_sf_gran_k: int | None = None, *, accumulation: str = "per-block"):
         _dispatch_and_activation(use_fp8_dispatch, activation)
         if num_experts_per_wave is not None and (
                 not isinstance(num_experts_per_wave, int) or num_experts_per_wave == 0
@@ -151,10 +151,12 @@ class SymmBuffer:
         self.num_experts_per_wave = num_experts_per_wave
         self._kind = "fused" if fused else "split"
         self._gran = l2_act_sf_gran_k
+        self._accumulation = accumulation
         # Every shape rule, as a ValueError naming the argument, before anything is allocated.
         size = 1 if group is None else _world_size(group)
         _megamoe.get_symm_buffer_size(size, num_experts, num_max_tokens_per_rank, num_topk,
-                                      hidden, intermediate_hidden, self._kind, l2_act_sf_gran_k)
+                                      hidden, intermediate_hidden, self._kind, l2_act_sf_gran_k,
+                                      accumulation=accumulation)
         self.num_ranks = size
         th = torch()
         offsets, staging = _staging_layout(num_max_tokens_per_rank, num_topk, hidden)
@@ -207,9 +209,11 @@ class SymmBuffer:
                     self.intermediate_hidden, self._kind, self._gran, clamp)
             self.layer = None  # its memory first
             self.layer = (
-                MoELayer.of_rank(0, self._staging_device, lambda mine: [mine], 1, *args)
+                MoELayer.of_rank(0, self._staging_device, lambda mine: [mine], 1, *args,
+                                 accumulation=self._accumulation)
                 if self.num_ranks == 1
-                else MoELayer.for_process_group(*args, process_group=self.group))
+                else MoELayer.for_process_group(*args, process_group=self.group,
+                                                accumulation=self._accumulation))
             self._clamp = clamp
         self._weights = None
         self.layer.load_weights(w1, s1, w2, s2)
@@ -235,19 +239,26 @@ def get_symm_buffer_for_mega_moe(group: ProcessGroup | None, num_experts: int, n
                                  hidden: int, intermediate_hidden: int, use_fp8_dispatch: bool = True,
                                  activation: str = "swiglu", fused: bool = False,
                                  num_experts_per_wave: int | None = None,
-                                 l2_act_sf_gran_k: int | None = None) -> SymmBuffer:
+                                 l2_act_sf_gran_k: int | None = None, *,
+                                 accumulation: str = "per-block") -> SymmBuffer:
     """The :class:`SymmBuffer` of this process's rank of ``group``, its capacity rounded up to
     :func:`get_token_alignment_for_mega_moe`. ``fused``: megamoe's fused layer (True) or its
     split layer (False, DeepGEMM's default; see the module's notes); ``l2_act_sf_gran_k``: columns
     per scale of the intermediate (64 or 128; None: the shape rule); ``num_experts_per_wave``:
     DeepGEMM's ring sizing (None, -1 or N), accepted and checked; megamoe's ring follows its own
-    rule, and results do not depend on it. Bad arguments raise ValueError naming them."""
+    rule, and results do not depend on it. ``accumulation`` (megamoe's keyword-only addition to
+    DeepGEMM's signature):
+    "per-block" (the default, SPEC §3: error flat in the hidden size) or "rescaled" (the running
+    sum kept in the tensor cores' accumulator, as DeepGEMM's fused kernel does: faster, its
+    error growing with the hidden size; see :class:`megamoe.MoELayer`). Bad arguments raise
+    ValueError naming them."""
     if not isinstance(num_max_tokens_per_rank, int) or num_max_tokens_per_rank < 0:
         raise ValueError(f"num_max_tokens_per_rank: {num_max_tokens_per_rank!r} must be a count")
     align = get_token_alignment_for_mega_moe()
     capacity = (num_max_tokens_per_rank + align - 1) // align * align
     return SymmBuffer(group, num_experts, capacity, num_topk, hidden, intermediate_hidden,
-                      use_fp8_dispatch, activation, fused, num_experts_per_wave, l2_act_sf_gran_k)
+                      use_fp8_dispatch, activation, fused, num_experts_per_wave, l2_act_sf_gran_k,
+                      accumulation=accumulation)
 
 
 def transform_weights_for_mega_moe(l1_weights: Weights, l2_weights: Weights) -> tuple[Weights, Weights]:

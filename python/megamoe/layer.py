@@ -66,7 +66,12 @@ class MoELayer:
     rank and call. ``kind``: "fused" (one persistent kernel, the default) or "split";
     ``scale_granularity``: columns per scale of the re-quantized intermediate (64 or 128, None:
     SPEC's default; ``group``, its old name, still works with a DeprecationWarning); ``clamp``:
-    the optional SwiGLU clamp.
+    the optional SwiGLU clamp; ``accumulation``: how both GEMMs sum over K, "per-block" (the
+    default: each 128-wide K block is promoted into an f32 sum, SPEC §3, error flat in H) or
+    "rescaled" (opt-in: the running sum stays in the tensor cores' accumulator and is rescaled
+    per block, as the seed kernel does: faster at prefill sizes, its error growing with H; both
+    modes measured in docs/PYTHON.md, "Accumulation"). Both kinds give the same bits in either
+    mode.
 
     Raises ValueError naming the argument for a shape the kernels do not take, RuntimeError when
     no CUDA GPU can be used. The memory is allocated by :meth:`load_weights`
@@ -84,22 +89,23 @@ class MoELayer:
     kind: str
     scale_granularity: int
     clamp: float | None
+    accumulation: str
     ranks: list[int]
 
     def __init__(self, num_ranks: int, num_experts: int, num_max_tokens_per_rank: int, num_topk: int,
                  hidden: int, intermediate_hidden: int, kind: str = "fused",
                  scale_granularity: int | None = None, clamp: float | None = None, *,
-                 group: int | None = None):
+                 accumulation: str = "per-block", group: int | None = None):
         gran = scale_granularity_of(scale_granularity, group)
         self._attach(_megamoe.Layer(num_ranks, num_experts, num_max_tokens_per_rank, num_topk,
-                                    hidden, intermediate_hidden, kind, gran, clamp))
+                                    hidden, intermediate_hidden, kind, gran, clamp, accumulation))
 
     @classmethod
     def for_process_group(cls, num_experts: int, num_max_tokens_per_rank: int, num_topk: int,
                           hidden: int, intermediate_hidden: int, kind: str = "fused",
                           scale_granularity: int | None = None, clamp: float | None = None,
                           process_group: ProcessGroup | None = None, *,
-                          group: int | None = None) -> MoELayer:
+                          accumulation: str = "per-block", group: int | None = None) -> MoELayer:
         """This process's rank of a layer of one process per rank (either kind): rank
         ``dist.get_rank(process_group)`` of ``dist.get_world_size(process_group)`` ranks
         (``process_group``: a torch.distributed process group, the default one when None), on
@@ -113,13 +119,15 @@ class MoELayer:
         gran = scale_granularity_of(scale_granularity, group)
         rank, size, all_gather, device = process_rank(process_group, "process_group")
         return cls.of_rank(rank, device, all_gather, size, num_experts, num_max_tokens_per_rank,
-                           num_topk, hidden, intermediate_hidden, kind, gran, clamp)
+                           num_topk, hidden, intermediate_hidden, kind, gran, clamp,
+                           accumulation=accumulation)
 
     @classmethod
     def of_rank(cls, rank: int, device: int, all_gather: Callable[[bytes], list[bytes]],
                 num_ranks: int, num_experts: int, num_max_tokens_per_rank: int, num_topk: int,
                 hidden: int, intermediate_hidden: int, kind: str = "fused",
-                scale_granularity: int | None = None, clamp: float | None = None) -> MoELayer:
+                scale_granularity: int | None = None, clamp: float | None = None, *,
+                accumulation: str = "per-block") -> MoELayer:
         """Rank ``rank`` of a world of ``num_ranks`` processes on CUDA device ``device``, its
         symmetric buffers' handles exchanged by ``all_gather(bytes) -> list[bytes]`` (called by
         every process in the same order): :meth:`for_process_group` without torch.distributed
@@ -127,14 +135,14 @@ class MoELayer:
         layer = cls.__new__(cls)
         layer._attach(_megamoe.Layer.for_rank(
             rank, device, all_gather, num_ranks, num_experts, num_max_tokens_per_rank, num_topk,
-            hidden, intermediate_hidden, kind, scale_granularity, clamp))
+            hidden, intermediate_hidden, kind, scale_granularity, clamp, accumulation))
         return layer
 
     def _attach(self, native: _megamoe.Layer) -> None:
         self._native = native
         (self.num_ranks, self.num_experts, self.num_max_tokens_per_rank, self.num_topk,
          self.hidden, self.intermediate_hidden, self.kind, self.scale_granularity,
-         self.clamp) = native.spec()
+         self.clamp, self.accumulation) = native.spec()
         self.ranks = list(native.local_ranks())
 
     @property
@@ -282,21 +290,23 @@ def get_symm_buffer_for_mega_moe(num_ranks: int | None, num_experts: int, num_ma
                                  num_topk: int, hidden: int, intermediate_hidden: int, kind: str = "fused",
                                  scale_granularity: int | None = None, clamp: float | None = None,
                                  process_group: ProcessGroup | None = None, *,
-                                 group: int | None = None) -> MoELayer:
+                                 accumulation: str = "per-block", group: int | None = None) -> MoELayer:
     """An :class:`MoELayer`, with ``num_ranks`` (ranks of this process) where DeepGEMM's function
     of this name takes a process group (``megamoe.deep_gemm`` has DeepGEMM's signature). With
     ``process_group`` (a torch.distributed process group, e.g. ``dist.group.WORLD``), this
     process's one rank of a layer of one process per rank (:meth:`MoELayer.for_process_group`);
-    ``num_ranks`` is then the group's size (None takes it). ``group``: the deprecated name of
+    ``num_ranks`` is then the group's size (None takes it). ``accumulation``: "per-block" (the
+    default) or "rescaled", as :class:`MoELayer` says. ``group``: the deprecated name of
     ``scale_granularity``."""
     gran = scale_granularity_of(scale_granularity, group)
     if process_group is None:
         return MoELayer(num_ranks, num_experts, num_max_tokens_per_rank, num_topk, hidden,
-                        intermediate_hidden, kind, gran, clamp)
+                        intermediate_hidden, kind, gran, clamp, accumulation=accumulation)
     import torch.distributed as dist
 
     size = dist.get_world_size(process_group)
     if num_ranks is not None and num_ranks != size:
         raise ValueError(f"num_ranks: {num_ranks}, but the process group has {size} ranks")
     return MoELayer.for_process_group(num_experts, num_max_tokens_per_rank, num_topk, hidden,
-                                      intermediate_hidden, kind, gran, clamp, process_group)
+                                      intermediate_hidden, kind, gran, clamp, process_group,
+                                      accumulation=accumulation)

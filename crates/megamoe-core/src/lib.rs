@@ -24,6 +24,7 @@ pub mod weights;
 
 pub use batch::{RankInputs, WorldInputs};
 pub use error::{Error, Result};
+pub use numerics::Accumulation;
 pub use preset::{Preset, Shape, PRESETS};
 pub use reference::{fused_layer, fused_layer_and_f64, fused_layer_f64, LayerOptions};
 pub use weights::{Matrix, WeightGen, WeightSource};

@@ -6,7 +6,8 @@ use megamoe_cuda::Gpu;
 use crate::error::{GemmError, Result};
 use crate::grouped::GroupedGemm;
 use crate::heuristics::{
-    choose, with_a_regs, with_block_n, with_cluster, with_pipelined, GemmConfig, GemmProblem,
+    choose, with_a_regs, with_block_n, with_cluster, with_pipelined, Accumulation, GemmConfig,
+    GemmProblem,
 };
 use crate::testdata::{compare, DeviceOperands, HostOperands};
 
@@ -53,6 +54,8 @@ pub struct Arm {
     pub a_regs: bool,
     /// v6: promotion overlapping the next group's wgmmas (see `GemmConfig::pipelined`).
     pub pipelined: bool,
+    /// How the K loop sums over K (overrides the problem's; see `GemmConfig::accumulation`).
+    pub accumulation: Accumulation,
 }
 
 /// The configuration `arm` runs for `problem`.
@@ -62,6 +65,10 @@ fn arm_config(
     opts: &BenchOptions,
     arm: &Arm,
 ) -> Result<GemmConfig> {
+    let problem = &GemmProblem {
+        accumulation: arm.accumulation,
+        ..*problem
+    };
     let mut config = choose(problem, gpu.props().sm_count as usize)?;
     if let Some(bn) = arm.block_n {
         config = with_block_n(config, problem, bn).ok_or_else(|| GemmError::Shape {
@@ -80,11 +87,17 @@ fn arm_config(
     }
     config = with_a_regs(config, arm.a_regs).ok_or_else(|| GemmError::Shape {
         arg: "a_regs",
-        reason: format!("no A-from-registers variant of {}", config.kernel_name()),
+        reason: format!(
+            "no A-from-registers variant of {} (promoted 128 x 256 tiles only)",
+            config.kernel_name()
+        ),
     })?;
     config = with_pipelined(config, arm.pipelined).ok_or_else(|| GemmError::Shape {
         arg: "pipelined",
-        reason: format!("no pipelined-promotion variant of {}", config.kernel_name()),
+        reason: format!(
+            "no pipelined-promotion variant of {} (promoted, unclustered tiles only)",
+            config.kernel_name()
+        ),
     })?;
     if opts.direct_store {
         config.tma_store = false;

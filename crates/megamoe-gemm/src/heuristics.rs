@@ -11,11 +11,14 @@
 //! CTAs that multicast the weight tile (`cluster_m`) and with the wgmma A operand from registers
 //! (`a_regs`), benchmark knobs not chosen here. The one-wave tiles (128 x 128 and 64 x 256) also
 //! exist with the promotion of each scale group overlapping the next group's wgmmas
-//! (`pipelined`, v6), a benchmark knob not chosen here either.
+//! (`pipelined`, v6), a benchmark knob not chosen here either. Every tile shape without v6 or A
+//! from registers also exists with the running sum kept in the accumulator
+//! ([`Accumulation::Rescaled`], the caller's opt-in, passed through [`GemmProblem`]).
 //!
 //! The tile shapes, the shared-memory plan and the rules for BLOCK_M and BLOCK_N live in
 //! `megamoe_core::plan::heuristics`, which the planner reads too.
 
+pub use megamoe_core::numerics::Accumulation;
 use megamoe_core::plan::heuristics::{block_m, block_n};
 pub use megamoe_core::plan::heuristics::{
     max_stages, smem_bytes, MAX_EXPERTS, MAX_K_BLOCKS, MAX_SMEM_BYTES, MAX_STAGES, TILE_SHAPES,
@@ -66,6 +69,8 @@ pub struct GemmProblem {
     pub out: OutDtype,
     /// Expected rows per expert (tokens·top-k / experts); steers the block shape only.
     pub rows_per_expert: usize,
+    /// How the K loop sums over K (the default promotes each scale group).
+    pub accumulation: Accumulation,
 }
 
 /// One instantiation of the kernel and how it is launched.
@@ -92,6 +97,9 @@ pub struct GemmConfig {
     /// accumulator set (one-wave tiles, 128 x 128 and 64 x 256, only: the 128 x 256 tile has no
     /// registers for it; a benchmark knob, not chosen here).
     pub pipelined: bool,
+    /// The K loop's accumulation ([`GemmProblem::accumulation`]; neither v6 nor A from registers
+    /// exists rescaled).
+    pub accumulation: Accumulation,
     pub ctas: usize,
 }
 
@@ -104,7 +112,7 @@ impl GemmConfig {
     /// The kernel symbol of this instantiation.
     pub fn kernel_name(&self) -> String {
         format!(
-            "grouped_gemm_fp8_m{}_n{}_s{}_g{}_{}_{}{}{}{}{}",
+            "grouped_gemm_fp8_m{}_n{}_s{}_g{}_{}_{}{}{}{}{}{}",
             self.block_m,
             self.block_n,
             self.stages,
@@ -121,7 +129,11 @@ impl GemmConfig {
                 String::new()
             },
             if self.a_regs { "_areg" } else { "" },
-            if self.pipelined { "_pipe" } else { "" }
+            if self.pipelined { "_pipe" } else { "" },
+            match self.accumulation {
+                Accumulation::PerBlock => "",
+                Accumulation::Rescaled => "_rescaled",
+            }
         )
     }
 }
@@ -206,6 +218,7 @@ pub fn choose(p: &GemmProblem, sms: usize) -> Result<GemmConfig, GemmError> {
         cluster_m: 1,
         a_regs: false,
         pipelined: false,
+        accumulation: p.accumulation,
         ctas: sms,
     };
     if std::env::var_os("MEGAMOE_GEMM_LOG").is_some() {
@@ -243,14 +256,16 @@ pub fn with_cluster(config: GemmConfig, p: &GemmProblem, cluster_m: usize) -> Op
 }
 
 /// `config` with the wgmma A operand from registers, or None where that does not exist (only
-/// 128 x 256 tiles, whose warpgroups run two waves on the same A slice).
+/// promoted 128 x 256 tiles, whose warpgroups run two waves on the same A slice).
 pub fn with_a_regs(config: GemmConfig, a_regs: bool) -> Option<GemmConfig> {
-    let exists = !a_regs || (config.block_m, config.block_n) == (128, 256);
+    let exists = !a_regs
+        || ((config.block_m, config.block_n) == (128, 256)
+            && config.accumulation == Accumulation::PerBlock);
     exists.then_some(GemmConfig { a_regs, ..config })
 }
 
 /// `config` with (v6) or without the promotion overlapping the next group's wgmmas, or None
-/// where that does not exist (clusters, A from registers). A 128 x 256 tile becomes 128 x 128:
+/// where that does not exist (clusters, A from registers, rescaled). A 128 x 256 tile becomes 128 x 128:
 /// v6 needs a second 64-register accumulator set, which fits next to a one-wave running sum
 /// (64 registers) but not next to the 128 x 256 tile's two waves (128).
 pub fn with_pipelined(config: GemmConfig, pipelined: bool) -> Option<GemmConfig> {
@@ -260,7 +275,7 @@ pub fn with_pipelined(config: GemmConfig, pipelined: bool) -> Option<GemmConfig>
             ..config
         });
     }
-    if config.cluster_m != 1 || config.a_regs {
+    if config.cluster_m != 1 || config.a_regs || config.accumulation != Accumulation::PerBlock {
         return None;
     }
     let block_n = if config.block_m == 128 {
@@ -276,20 +291,29 @@ pub fn with_pipelined(config: GemmConfig, pipelined: bool) -> Option<GemmConfig>
     })
 }
 
-/// Every configuration `choose` can return (and the clustered and A-from-registers variants of
-/// the 128 x 256 tile, and the v6 variants of the one-wave tiles), for compile-everything checks.
+/// Every configuration `choose` can return, in either accumulation (and the clustered and
+/// A-from-registers variants of the 128 x 256 tile, the clustered one in either accumulation,
+/// and the v6 variants of the one-wave tiles), for compile-everything checks.
 pub fn all_configs(sms: usize) -> Vec<GemmConfig> {
+    use Accumulation::{PerBlock, Rescaled};
     let mut out = Vec::new();
-    for (block_m, block_n, cluster_m, a_regs, pipelined) in TILE_SHAPES
-        .map(|(m, n)| (m, n, 1, false, false))
-        .into_iter()
+    let shapes = TILE_SHAPES.map(|(m, n)| (m, n, 1, false, false));
+    for (block_m, block_n, cluster_m, a_regs, pipelined, accumulation) in shapes
+        .iter()
+        .map(|&(m, n, c, a, p)| (m, n, c, a, p, PerBlock))
         .chain([
-            (128, 256, 2, false, false),
-            (128, 256, 1, true, false),
-            (128, 256, 2, true, false),
-            (128, 128, 1, false, true),
-            (64, 256, 1, false, true),
+            (128, 256, 2, false, false, PerBlock),
+            (128, 256, 1, true, false, PerBlock),
+            (128, 256, 2, true, false, PerBlock),
+            (128, 128, 1, false, true, PerBlock),
+            (64, 256, 1, false, true, PerBlock),
+            (128, 256, 2, false, false, Rescaled),
         ])
+        .chain(
+            shapes
+                .iter()
+                .map(|&(m, n, c, a, p)| (m, n, c, a, p, Rescaled)),
+        )
     {
         for group_size in [128, 64] {
             for masked in [false, true] {
@@ -310,6 +334,7 @@ pub fn all_configs(sms: usize) -> Vec<GemmConfig> {
                             cluster_m,
                             a_regs,
                             pipelined,
+                            accumulation,
                             ctas: sms - sms % cluster_m,
                         });
                     }
@@ -333,6 +358,7 @@ mod tests {
             layout,
             out: OutDtype::Bf16,
             rows_per_expert: rows,
+            accumulation: Accumulation::PerBlock,
         }
     }
 
@@ -432,7 +458,7 @@ mod tests {
         assert!(with_block_n(small, &p, 192).is_none(), "no 64 x 192 tile");
         assert_eq!(
             all_configs(132).iter().filter(|c| c.block_n == 192).count(),
-            10
+            20
         );
     }
 
@@ -505,6 +531,7 @@ mod tests {
                         layout: Layout::Masked { max_m: 4096 },
                         out: OutDtype::Bf16,
                         rows_per_expert: rows_per_expert(&s, 8, bound),
+                        accumulation: Accumulation::PerBlock,
                     };
                     let c = choose(&p, 132).unwrap();
                     let want = (plan.block_m, block_n, stages);
@@ -514,6 +541,60 @@ mod tests {
                         "{} at {bound}",
                         preset.name
                     );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_rescaled_accumulation_exists_for_every_tile_choose_picks_and_nothing_else_changes() {
+        let configs = all_configs(132);
+        let rescaled: Vec<_> = configs
+            .iter()
+            .filter(|c| c.accumulation == Accumulation::Rescaled)
+            .collect();
+        // Every promoted configuration without v6 or A from registers, once more rescaled.
+        assert_eq!(rescaled.len(), 50);
+        for c in rescaled {
+            assert!(!c.a_regs && !c.pipelined, "{c:?}");
+            assert!(
+                c.kernel_name().ends_with("_rescaled"),
+                "{}",
+                c.kernel_name()
+            );
+            let promoted = GemmConfig {
+                accumulation: Accumulation::PerBlock,
+                ..*c
+            };
+            assert!(configs.contains(&promoted), "{c:?}");
+            assert_eq!(
+                c.kernel_name(),
+                format!("{}_rescaled", promoted.kernel_name())
+            );
+            assert!(with_a_regs(*c, true).is_none() && with_pipelined(*c, true).is_none());
+        }
+        for rows in [1, 32, 64, 512, 4096] {
+            for layout in [
+                Layout::Contiguous { pad: 128 },
+                Layout::Masked { max_m: 64 },
+            ] {
+                for group_size in [64, 128] {
+                    let p = problem(rows, layout, group_size);
+                    let promoted = choose(&p, 132).unwrap();
+                    assert_eq!(promoted.accumulation, Accumulation::PerBlock);
+                    let p = GemmProblem {
+                        accumulation: Accumulation::Rescaled,
+                        ..p
+                    };
+                    let c = choose(&p, 132).unwrap();
+                    assert_eq!(
+                        c,
+                        GemmConfig {
+                            accumulation: Accumulation::Rescaled,
+                            ..promoted
+                        }
+                    );
+                    assert!(configs.contains(&c), "{c:?}");
                 }
             }
         }

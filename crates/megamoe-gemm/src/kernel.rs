@@ -3,7 +3,7 @@
 use megamoe_cuda::jit::Headers;
 use megamoe_cuda::KernelSpec;
 
-use crate::heuristics::{all_configs, GemmConfig, OutDtype};
+use crate::heuristics::{all_configs, Accumulation, GemmConfig, OutDtype};
 
 /// This crate's device headers, included as `<megamoe_gemm/...>`; the PTX wrappers are
 /// megamoe-cuda's (`<megamoe/ptx/...>`, namespace `megamoe::ptx`).
@@ -46,7 +46,7 @@ pub fn kernel_spec(config: &GemmConfig) -> KernelSpec {
          \x20   using Scheduler = megamoe::gemm::TileScheduler<{bm}, {bn}, {masked}, {cluster}>;\n\
          \x20   using Epilogue = megamoe::gemm::{epilogue};\n\
          \x20   megamoe::gemm::grouped_gemm_fp8<{bm}, {bn}, {stages}, {g}, {masked}, {cluster}, {a_regs},\n\
-         \x20                                   {pipelined}, Scheduler, Epilogue>(p, Epilogue{{p.epilogue}});\n\
+         \x20                                   {pipelined}, {rescaled}, Scheduler, Epilogue>(p, Epilogue{{p.epilogue}});\n\
          }}\n",
         bm = config.block_m,
         bn = config.block_n,
@@ -57,6 +57,7 @@ pub fn kernel_spec(config: &GemmConfig) -> KernelSpec {
         a_regs = config.a_regs,
         pipelined = config.pipelined,
         smem = config.smem_bytes(),
+        rescaled = config.accumulation == Accumulation::Rescaled,
     );
     KernelSpec {
         name: name.clone(),

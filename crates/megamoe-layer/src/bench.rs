@@ -6,7 +6,7 @@
 
 use megamoe_core::floor::floor_seconds;
 use megamoe_core::routing::{generate_world, RoutingSpec};
-use megamoe_core::{Shape, WeightGen, WorldInputs};
+use megamoe_core::{Accumulation, Shape, WeightGen, WorldInputs};
 use megamoe_cuda::bench::Stats;
 
 use crate::error::Result;
@@ -31,6 +31,8 @@ pub struct LayerBench {
     pub fused: bool,
     /// The fused arm runs the kernel that records its timeline, and each cell reports it.
     pub trace: bool,
+    /// How every arm's GEMMs sum over K.
+    pub accumulation: Accumulation,
 }
 
 /// One measured cell.
@@ -83,6 +85,7 @@ fn layers(b: &LayerBench, progress: &dyn Fn(&str)) -> Result<(SplitLayer, Option
     let max_tokens = b.tokens.iter().copied().max().unwrap_or(1).max(1);
     let mut spec = LayerSpec::new(b.shape, b.ranks, max_tokens);
     spec.comm_sms = b.comm_sms;
+    spec.accumulation = b.accumulation;
     let gen = WeightGen::new(b.shape, b.routing.seed);
     progress("generating and loading the weights");
     let layer = SplitLayer::new(spec, |r| gen.rank_fp8(r, b.ranks))?;

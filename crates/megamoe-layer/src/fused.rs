@@ -334,7 +334,7 @@ impl FusedLayer {
         let launch = LaunchConfig::new(ctas as u32, THREADS)
             .with_dynamic_smem(fused_smem_bytes(spec.group) as u32)
             .with_pdl(true);
-        let compiled = jit::compile(&fused_spec(spec.group, probe))?;
+        let compiled = jit::compile(&fused_spec(spec.group, spec.accumulation, probe))?;
         let kernels = world.load(&compiled)?;
         let buffers = world.alloc_symmetric(layout.total_bytes as usize)?;
         let offsets = layout.fused.expect("a fused layout has the fused regions");

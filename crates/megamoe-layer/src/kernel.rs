@@ -15,7 +15,7 @@ use megamoe_core::plan::{SymmetricLayout, TaskKind};
 use megamoe_cuda::interface::{DeviceStruct, GeneratedHeader, Item};
 use megamoe_cuda::jit::Headers;
 use megamoe_cuda::KernelSpec;
-use megamoe_gemm::heuristics::{max_stages, GemmConfig, GemmProblem, Layout, OutDtype};
+use megamoe_gemm::heuristics::{max_stages, Accumulation, GemmConfig, GemmProblem, Layout, OutDtype};
 use megamoe_gemm::params::{GroupedGemmParams, MainloopParams};
 
 use crate::spec::{LayerSpec, POOL_PAD};
@@ -537,12 +537,15 @@ pub fn fused_stages(group: usize) -> usize {
     max_stages(SLOT_ROWS, FUSED_BLOCK_N, group.min(128))
 }
 
-/// The fused kernel's translation unit for G; `probe`: the instantiation that can record its
-/// timeline (`megamoe bench layer --trace`) and inject a fault (the selftest).
-pub fn fused_spec(group: usize, probe: bool) -> KernelSpec {
+/// The fused kernel's translation unit for G and the GEMMs' accumulation; `probe`: the
+/// instantiation that can record its timeline (`megamoe bench layer --trace`) and inject a
+/// fault (the selftest).
+pub fn fused_spec(group: usize, accumulation: Accumulation, probe: bool) -> KernelSpec {
     let stages = fused_stages(group);
+    let rescaled = accumulation == Accumulation::Rescaled;
     let name = format!(
-        "layer_fused_s{stages}_g{group}{}",
+        "layer_fused_s{stages}_g{group}{}{}",
+        if rescaled { "_rescaled" } else { "" },
         if probe { "_probe" } else { "" }
     );
     let (params, call) = if probe {
@@ -556,7 +559,7 @@ pub fn fused_spec(group: usize, probe: bool) -> KernelSpec {
          \x20             == {smem}, \"the host's shared-memory plan\");\n\
          extern \"C\" __global__ void __launch_bounds__({threads}, 1)\n\
          {name}(const __grid_constant__ megamoe::layer::{params} p) {{\n\
-         \x20   megamoe::layer::fused_moe<{stages}, {group}, {probe}>({call});\n\
+         \x20   megamoe::layer::fused_moe<{stages}, {group}, {rescaled}, {probe}>({call});\n\
          }}\n",
         threads = megamoe_gemm::kernel::THREADS,
         smem = fused_smem_bytes(group),
@@ -591,6 +594,7 @@ pub fn l1_problem(
     inter: usize,
     local_experts: usize,
     rows_per_expert: usize,
+    accumulation: Accumulation,
 ) -> GemmProblem {
     GemmProblem {
         experts: local_experts,
@@ -600,12 +604,13 @@ pub fn l1_problem(
         layout: Layout::Contiguous { pad: POOL_PAD },
         out: OutDtype::Bf16,
         rows_per_expert,
+        accumulation,
     }
 }
 
 /// The L1 kernel's one configuration: 128 x 256 tiles, whose two waves per warpgroup are one
 /// gate block and its up block (src/weights.rs), the deepest ring that fits, one CTA per SM.
-pub fn l1_config(sms: usize) -> GemmConfig {
+pub fn l1_config(sms: usize, accumulation: Accumulation) -> GemmConfig {
     GemmConfig {
         block_m: 128,
         block_n: 256,
@@ -618,18 +623,24 @@ pub fn l1_config(sms: usize) -> GemmConfig {
         cluster_m: 1,
         a_regs: false,
         pipelined: false,
+        accumulation,
         ctas: sms,
     }
 }
 
 /// The L1 kernel's translation unit.
 pub fn split_l1_spec(config: &GemmConfig) -> KernelSpec {
-    let name = format!("layer_split_l1_s{}", config.stages);
+    let rescaled = config.accumulation == Accumulation::Rescaled;
+    let name = format!(
+        "layer_split_l1_s{}{}",
+        config.stages,
+        if rescaled { "_rescaled" } else { "" }
+    );
     let source = format!(
         "#include <megamoe_layer/impls/split_l1.cuh>\n\
          extern \"C\" __global__ void __launch_bounds__({threads}, 1)\n\
          {name}(const __grid_constant__ megamoe::layer::SplitL1Params p) {{\n\
-         \x20   megamoe::gemm::grouped_gemm_fp8<128, 256, {stages}, 128, false, 1, false, false,\n\
+         \x20   megamoe::gemm::grouped_gemm_fp8<128, 256, {stages}, 128, false, 1, false, false, {rescaled},\n\
          \x20                                   megamoe::gemm::TileScheduler<128, 256, false, 1>,\n\
          \x20                                   megamoe::layer::SwigluQuant>(p.gemm, p.epilogue);\n\
          }}\n",
@@ -647,14 +658,17 @@ pub fn split_l1_spec(config: &GemmConfig) -> KernelSpec {
 
 /// Registry hook: every kernel configuration this crate launches.
 pub fn kernel_specs() -> Vec<KernelSpec> {
-    vec![
-        split_l1_spec(&l1_config(132)),
-        fused_spec(128, false),
-        fused_spec(64, false),
-        fused_spec(128, true),
-        fused_spec(64, true),
-        crate::stage::stage_spec(),
-    ]
+    let mut specs = Vec::new();
+    for accumulation in Accumulation::ALL {
+        specs.push(split_l1_spec(&l1_config(132, accumulation)));
+        for probe in [false, true] {
+            for group in [128, 64] {
+                specs.push(fused_spec(group, accumulation, probe));
+            }
+        }
+    }
+    specs.push(crate::stage::stage_spec());
+    specs
 }
 
 /// Blocks of one rank's launch that waits on other ranks (the split form's dispatch and combine,
@@ -704,7 +718,7 @@ mod tests {
 
     #[test]
     fn the_l1_tile_holds_a_gate_block_and_its_up_block() {
-        let c = l1_config(132);
+        let c = l1_config(132, Accumulation::PerBlock);
         assert_eq!((c.block_m, c.block_n), (128, 256));
         assert_eq!(POOL_PAD % c.block_m, 0);
         assert!(

@@ -9,13 +9,14 @@
 //! that never arrives, stops mid-dispatch, mid-GEMM or mid-combine, publishes a corrupt count,
 //! or sleeps past the deadline and goes on): every other rank reports it within the deadline,
 //! naming itself, the wait and the faulty rank (or every rank rejects the call), and a new layer
-//! in the same process is correct.
+//! in the same process is correct. Both accumulations' error on the proxies of flash, pro and
+//! glm, with the two kinds bit-equal in each.
 
 use half::bf16;
 use megamoe_core::plan::{Loads, Stream};
 use megamoe_core::preset::Shape;
 use megamoe_core::routing::{generate_world, RoutingKind, RoutingSpec};
-use megamoe_core::{diff, fused_layer, LayerOptions, Preset, WeightGen, WorldInputs};
+use megamoe_core::{diff, fused_layer, Accumulation, LayerOptions, Preset, WeightGen, WorldInputs};
 
 use megamoe_cuda::selftest::{every_other_rank_names, Check};
 use megamoe_cuda::AllGather;
@@ -30,6 +31,10 @@ use crate::split::SplitLayer;
 
 /// The contract's bound on the GPU output's distance to the CPU reference (SPEC §3).
 pub const MAX_DIFF: f64 = 1e-4;
+
+/// The bound of the rescaled accumulation's checks: SPEC §3's bound for any batch (the mode
+/// trades accuracy for speed; the `layer accuracy` checks measure it).
+pub const MAX_DIFF_RESCALED: f64 = 1e-3;
 
 fn shape(preset: &str, experts: Option<usize>) -> Shape {
     let mut s = Preset::by_name(preset).expect("a preset").shape;
@@ -65,9 +70,21 @@ fn run_layer(
     gen: &WeightGen,
     options: &LayerOptions,
 ) -> Result<Vec<Vec<bf16>>, String> {
+    run_layer_in(kind, Accumulation::PerBlock, world, gen, options)
+}
+
+/// [`run_layer`] with the GEMMs' `accumulation`.
+fn run_layer_in(
+    kind: Kind,
+    accumulation: Accumulation,
+    world: &WorldInputs,
+    gen: &WeightGen,
+    options: &LayerOptions,
+) -> Result<Vec<Vec<bf16>>, String> {
     let ranks = world.num_ranks();
     let spec = LayerSpec {
         kind,
+        accumulation,
         ..spec_for(world, options)
     };
     let mut layer = MoeLayer::new(spec, |r| gen.rank_fp8(r, ranks)).map_err(err)?;
@@ -163,6 +180,51 @@ fn all_masked_tokens(world: &WorldInputs, got: &[Vec<bf16>]) -> Result<usize, St
         }
     }
     Ok(all_masked)
+/// The error of both accumulations on one generated batch (the table in docs/PYTHON.md,
+/// "Accumulation"): the CPU reference once, then the fused and the split layer in each mode.
+/// Each mode's two kinds give the same bits; per-block is within [`MAX_DIFF`], rescaled within
+/// [`MAX_DIFF_RESCALED`]; the note gives each mode's diff, largest absolute and relative error
+/// (relative to the reference's largest magnitude) and hash.
+fn accuracy(preset: &'static str, experts: Option<usize>, tokens: usize) -> Check {
+    let name = format!(
+        "layer accuracy {preset}{} R=1 T={tokens}",
+        experts.map_or(String::new(), |e| format!("/{e}"))
+    );
+    Check {
+        name,
+        run: Box::new(move || {
+            let shape = shape(preset, experts);
+            let seed = 0xACC ^ tokens as u64;
+            let world = generate_world(shape, 1, tokens, &routing("uniform", seed)).map_err(err)?;
+            let gen = WeightGen::new(shape, seed);
+            let options = LayerOptions::for_shape(&shape);
+            let want = fused_layer(&world, &gen, &options, &|_, _| {}).map_err(err)?;
+            let mut notes = Vec::new();
+            for accumulation in Accumulation::ALL {
+                let fused = run_layer_in(Kind::Fused, accumulation, &world, &gen, &options)?;
+                let split = run_layer_in(Kind::Split, accumulation, &world, &gen, &options)?;
+                let mode = accumulation.name();
+                if fused != split {
+                    return Err(format!("{mode}: the fused and the split layer differ"));
+                }
+                let d = diff::diff_bf16(&fused, &want);
+                let (abs, rel) = diff::max_error_bf16(&fused, &want);
+                let bound = match accumulation {
+                    Accumulation::PerBlock => MAX_DIFF,
+                    Accumulation::Rescaled => MAX_DIFF_RESCALED,
+                };
+                let note = format!(
+                    "{mode}: diff {d:.2e}, max abs {abs:.2e}, max rel {rel:.2e}, hash {:016x}",
+                    diff::output_hash(&fused)
+                );
+                if d.is_nan() || d > bound {
+                    return Err(format!("{note} (bound {bound:.0e})"));
+                }
+                notes.push(note);
+            }
+            Ok(notes.join("; ") + "; fused = split in each")
+        }),
+    }
 }
 
 /// The shape of [`layer_rank_check`].
@@ -171,7 +233,7 @@ const RANK_CHECK_PRESET: &str = "tiny";
 /// The fused kernel [`layer_rank_check`] runs (a driver compiles it once before starting the processes).
 pub fn fused_rank_kernel() -> megamoe_cuda::KernelSpec {
     let spec = LayerSpec::new(shape(RANK_CHECK_PRESET, None), 2, 1);
-    crate::kernel::fused_spec(spec.group, false)
+    crate::kernel::fused_spec(spec.group, spec.accumulation, false)
 }
 
 /// One process's part of the layer of `kind` with one rank per process (`megamoe ep-procs`):
@@ -892,6 +954,15 @@ pub fn gpu_checks() -> Vec<Check> {
         checks.push(fp8_input(layer));
         checks.push(bad_inputs(layer));
         checks.push(non_finite_input(layer));
+    }
+    // Both accumulations on SPEC §9's proxies of flash, pro and glm (EP8: a rank's experts).
+    for (preset, experts, tokens) in [
+        ("tiny", None, 64),
+        ("flash", Some(32), 256),
+        ("pro", Some(48), 256),
+        ("glm", Some(36), 256),
+    ] {
+        checks.push(accuracy(preset, experts, tokens));
     }
     checks.push(ring_wraps(1, 4096));
     checks.push(ring_wraps(2, 4096));

@@ -152,7 +152,7 @@ impl SplitLayer {
         let rows = spec.pool_rows();
         let (ep, sms) = ep_world(&spec, fault, one_rank)?;
         let handle = ep.new_handle()?;
-        let l1_config = l1_config(sms);
+        let l1_config = l1_config(sms, spec.accumulation);
         let l1_compiled = jit::compile(&split_l1_spec(&l1_config))?;
 
         let mut ranks = Vec::with_capacity(ep.local_ranks().len());
@@ -459,7 +459,7 @@ fn l1_params(
     let (h, i) = (spec.shape.hidden, spec.shape.inter);
     let el = spec.shape.local_experts(spec.ranks);
     let rows = spec.pool_rows();
-    let problem = l1_problem(h, i, el, POOL_PAD);
+    let problem = l1_problem(h, i, el, POOL_PAD, spec.accumulation);
     let (gemm, error) = gemm_params(gpu, &problem, config, rows, operands)?;
     let params = SplitL1Params {
         gemm,
@@ -492,6 +492,7 @@ fn l2_problem(spec: &LayerSpec, rows_per_expert: usize) -> GemmProblem {
         layout: Layout::Contiguous { pad: POOL_PAD },
         out: OutDtype::Bf16,
         rows_per_expert,
+        accumulation: spec.accumulation,
     }
 }
 

@@ -4,9 +4,10 @@
 use clap::{Args, ValueEnum};
 use std::io::Write;
 
-use megamoe_core::{Preset, Shape};
+use megamoe_core::{Accumulation, Preset, Shape};
 use megamoe_cuda::Gpu;
 use megamoe_gemm::bench::{run_arms, Arm, BenchOptions};
+use megamoe_gemm::checks::max_diff;
 use megamoe_gemm::heuristics::{GemmProblem, Layout, OutDtype};
 use megamoe_gemm::testdata::group_sizes;
 
@@ -86,6 +87,10 @@ pub struct BenchGemmArgs {
     /// case once per value (and per cluster size and A source), interleaved.
     #[arg(long, value_delimiter = ',')]
     pub pipelined: Vec<bool>,
+    #[arg(long, value_delimiter = ',', value_parser = args::accumulation,
+          help = format!("{}; a comma-separated list runs each case once per value (and per \
+                          cluster size, A source and K loop), interleaved", args::ACCUMULATION_HELP))]
+    pub accumulation: Vec<Accumulation>,
     /// Writes a 256 MiB buffer before every timed launch (outside its events), so each launch
     /// starts with an L2 that holds none of its operands, as DeepGEMM's benchmark does.
     #[arg(long)]
@@ -165,6 +170,11 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
     } else {
         args.pipelined.clone()
     };
+    let accumulations = if args.accumulation.is_empty() {
+        vec![Accumulation::PerBlock]
+    } else {
+        args.accumulation.clone()
+    };
     let block_ns: Vec<Option<usize>> = if args.block_n.is_empty() {
         vec![None]
     } else {
@@ -177,12 +187,15 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
     {
         for &a_regs in &a_regs {
             for &pipelined in &pipelined {
-                arms.push(Arm {
-                    block_n,
-                    cluster_m,
-                    a_regs,
-                    pipelined,
-                });
+                for &accumulation in &accumulations {
+                    arms.push(Arm {
+                        block_n,
+                        cluster_m,
+                        a_regs,
+                        pipelined,
+                        accumulation,
+                    });
+                }
             }
         }
     }
@@ -211,6 +224,7 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
             layout,
             out: OutDtype::Bf16,
             rows_per_expert: mean,
+            accumulation: Accumulation::PerBlock,
         };
         let opts = BenchOptions {
             warmup: 3,
@@ -253,7 +267,7 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
                 r.diff,
                 if r.unwritten > 0 { " UNWRITTEN" } else { "" }
             )?;
-            if r.diff > 1e-4 || r.unwritten > 0 || r.diff.is_nan() {
+            if r.diff > max_diff(arm.accumulation) || r.unwritten > 0 || r.diff.is_nan() {
                 return Err(format!(
                     "{:?} {} rows: diff {:.2e}, {} bad rows",
                     args.shape, mean, r.diff, r.unwritten
@@ -268,6 +282,7 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
                 },
                 "cluster_m": arm.cluster_m.unwrap_or(1), "a_regs": arm.a_regs,
                 "pipelined": arm.pipelined, "flush_l2": args.flush_l2, "block_n": arm.block_n,
+                "accumulation": arm.accumulation.name(), "diff": r.diff,
                 "rows_per_expert": mean, "n": n, "k": k, "group_sizes": rows,
                 "min_us": r.min_us, "max_us": r.max_us, "weight_floor_us": r.weight_floor_us,
                 "deepgemm_us": deepgemm, "kernel": r.kernel,

@@ -210,7 +210,7 @@ __device__ void release_slices(const FusedRegions& r, const u32* slices_done, u3
     }
 }
 
-template <int kStages, bool kProbe, typename L1Smem, typename L2Smem>
+template <int kStages, bool kRescaled, bool kProbe, typename L1Smem, typename L2Smem>
 __device__ void consume(const FusedParams& p, const FusedProbe& probe, const L1Smem& s1, const L2Smem& s2,
                         u32 wg, u32 n_tasks, u32* slices_done, FusedTaskQueue& queue) {
     const FusedRegions& r = p.r;
@@ -244,9 +244,9 @@ __device__ void consume(const FusedParams& p, const FusedProbe& probe, const L1S
         scatter.prefetch(t.a_row + a_off);
         float sum[2][64];
         if (kind == kL1) {
-            gemm::tile_k_loop<128, 2, 1, false, 0>(p.l1, s1, ring, t, wg, a_off, 0, sum);
+            gemm::slice_k_loop<kRescaled, 128, 2, 1, false, 0>(p.l1, s1, ring, t, wg, a_off, 0, sum);
         } else {
-            gemm::tile_k_loop<128, 2, 1, false, 0>(p.l2, s2, ring, t, wg, a_off, 0, sum);
+            gemm::slice_k_loop<kRescaled, 128, 2, 1, false, 0>(p.l2, s2, ring, t, wg, a_off, 0, sum);
         }
         if (tracer()) task_trace(r, probe.trace, i)->wg[wg][1] = ptx::globaltimer_ns();
         // The next task's weight scales load while this one's epilogue runs.
@@ -321,10 +321,12 @@ __device__ bool wait_rows_written(const FusedRegions& r, const ep::comm::Signals
     return true;
 }
 
+// kRescaled: the opt-in accumulation, the running sum kept in the wgmma accumulators
+// (gemm::tile_k_loop_rescaled); the default promotes each scale group (gemm::tile_k_loop).
 // kProbe: the probe instantiation, which records the timeline (impls/fused_trace.cuh) when
 // probe.trace is not 0 and injects probe.fault when this rank is probe.fault_rank; the default
 // kernel passes kProbe = false and has none of it.
-template <int kStages, int kGroup, bool kProbe>
+template <int kStages, int kGroup, bool kRescaled, bool kProbe>
 __device__ __forceinline__ void fused_moe(const FusedParams& p, const FusedProbe& probe) {
     // Both GEMMs run over one ring of stages: L1's activation scales come per 128 columns, L2's
     // per G; a stage has room for the larger count, so both views place every region alike.
@@ -437,7 +439,7 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, const FusedProbe
     }
     if (run) {
         ptx::setmaxnreg_inc<kConsumerRegs>();
-        consume<kStages, kProbe>(p, probe, s1, s2, warp / 4, h.n_tasks, s_slices_done, s_tasks);
+        consume<kStages, kRescaled, kProbe>(p, probe, s1, s2, warp / 4, h.n_tasks, s_slices_done, s_tasks);
     }
     if (my_fault == kStopMidTasks || my_fault == kStopMidCombine) return;
     if (tracer) cta_trace(probe.trace)->tasks_done = ptx::globaltimer_ns();

@@ -6,7 +6,8 @@ use megamoe_cuda::Gpu;
 use crate::error::{GemmError, Result};
 use crate::grouped::GroupedGemm;
 use crate::heuristics::{
-    choose, with_a_regs, with_block_n, with_cluster, with_pipelined, GemmConfig, GemmProblem,
+    choose, with_a_regs, with_block_n, with_cluster, with_pipelined, with_queued, GemmConfig,
+    GemmProblem,
 };
 use crate::testdata::{compare, DeviceOperands, HostOperands};
 
@@ -53,6 +54,8 @@ pub struct Arm {
     pub a_regs: bool,
     /// v6: promotion overlapping the next group's wgmmas (see `GemmConfig::pipelined`).
     pub pipelined: bool,
+    /// 64-column waves with hidden promotions (see `GemmConfig::queued`).
+    pub queued: bool,
 }
 
 /// The configuration `arm` runs for `problem`.
@@ -85,6 +88,10 @@ fn arm_config(
     config = with_pipelined(config, arm.pipelined).ok_or_else(|| GemmError::Shape {
         arg: "pipelined",
         reason: format!("no pipelined-promotion variant of {}", config.kernel_name()),
+    })?;
+    config = with_queued(config, arm.queued).ok_or_else(|| GemmError::Shape {
+        arg: "queued",
+        reason: format!("no queued-wave variant of {}", config.kernel_name()),
     })?;
     if opts.direct_store {
         config.tma_store = false;

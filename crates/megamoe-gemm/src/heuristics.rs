@@ -92,6 +92,10 @@ pub struct GemmConfig {
     /// accumulator set (one-wave tiles, 128 x 128 and 64 x 256, only: the 128 x 256 tile has no
     /// registers for it; a benchmark knob, not chosen here).
     pub pipelined: bool,
+    /// Each warpgroup's slice runs as 64-column waves, each one's promotion under the next
+    /// one's wgmmas through two 32-register accumulator sets (128- and 256-column slices; a
+    /// benchmark knob, not chosen here).
+    pub queued: bool,
     pub ctas: usize,
 }
 
@@ -104,7 +108,7 @@ impl GemmConfig {
     /// The kernel symbol of this instantiation.
     pub fn kernel_name(&self) -> String {
         format!(
-            "grouped_gemm_fp8_m{}_n{}_s{}_g{}_{}_{}{}{}{}{}",
+            "grouped_gemm_fp8_m{}_n{}_s{}_g{}_{}_{}{}{}{}{}{}",
             self.block_m,
             self.block_n,
             self.stages,
@@ -121,7 +125,8 @@ impl GemmConfig {
                 String::new()
             },
             if self.a_regs { "_areg" } else { "" },
-            if self.pipelined { "_pipe" } else { "" }
+            if self.pipelined { "_pipe" } else { "" },
+            if self.queued { "_queued" } else { "" }
         )
     }
 }
@@ -206,6 +211,7 @@ pub fn choose(p: &GemmProblem, sms: usize) -> Result<GemmConfig, GemmError> {
         cluster_m: 1,
         a_regs: false,
         pipelined: false,
+        queued: false,
         ctas: sms,
     };
     if std::env::var_os("MEGAMOE_GEMM_LOG").is_some() {
@@ -276,19 +282,29 @@ pub fn with_pipelined(config: GemmConfig, pipelined: bool) -> Option<GemmConfig>
     })
 }
 
+/// `config` with (or without) 64-column waves whose promotions run under the next wave's
+/// wgmmas, or None where that does not exist (192-column tiles, A from registers, v6).
+pub fn with_queued(config: GemmConfig, queued: bool) -> Option<GemmConfig> {
+    let exists = !queued || (config.block_n != 192 && !config.a_regs && !config.pipelined);
+    exists.then_some(GemmConfig { queued, ..config })
+}
+
 /// Every configuration `choose` can return (and the clustered and A-from-registers variants of
 /// the 128 x 256 tile, and the v6 variants of the one-wave tiles), for compile-everything checks.
 pub fn all_configs(sms: usize) -> Vec<GemmConfig> {
     let mut out = Vec::new();
-    for (block_m, block_n, cluster_m, a_regs, pipelined) in TILE_SHAPES
-        .map(|(m, n)| (m, n, 1, false, false))
+    for (block_m, block_n, cluster_m, a_regs, pipelined, queued) in TILE_SHAPES
+        .map(|(m, n)| (m, n, 1, false, false, false))
         .into_iter()
         .chain([
-            (128, 256, 2, false, false),
-            (128, 256, 1, true, false),
-            (128, 256, 2, true, false),
-            (128, 128, 1, false, true),
-            (64, 256, 1, false, true),
+            (128, 256, 2, false, false, false),
+            (128, 256, 1, true, false, false),
+            (128, 256, 2, true, false, false),
+            (128, 128, 1, false, true, false),
+            (64, 256, 1, false, true, false),
+            (128, 256, 1, false, false, true),
+            (128, 256, 2, false, false, true),
+            (64, 256, 1, false, false, true),
         ])
     {
         for group_size in [128, 64] {
@@ -310,6 +326,7 @@ pub fn all_configs(sms: usize) -> Vec<GemmConfig> {
                             cluster_m,
                             a_regs,
                             pipelined,
+                            queued,
                             ctas: sms - sms % cluster_m,
                         });
                     }
@@ -391,6 +408,32 @@ mod tests {
             .iter()
             .filter(|c| c.a_regs)
             .all(|c| (c.block_m, c.block_n) == (128, 256)));
+    }
+
+    #[test]
+    fn queued_waves_exist_for_128_and_256_column_slices_with_a_from_shared_memory() {
+        let p = problem(512, Layout::Contiguous { pad: 128 }, 128);
+        let c = choose(&p, 132).unwrap();
+        assert!(!c.queued);
+        let q = with_queued(c, true).unwrap();
+        assert_eq!(
+            (q.block_m, q.block_n, q.stages),
+            (c.block_m, c.block_n, c.stages)
+        );
+        assert!(q.kernel_name().ends_with("_tma_queued"));
+        assert!(with_queued(with_block_n(c, &p, 192).unwrap(), true).is_none());
+        assert!(with_queued(with_a_regs(c, true).unwrap(), true).is_none());
+        let small = choose(&problem(32, Layout::Masked { max_m: 32 }, 128), 132).unwrap();
+        assert_eq!((small.block_m, small.block_n), (64, 256));
+        assert!(with_queued(small, true).is_some());
+        let configs = all_configs(132);
+        for q in configs.iter().filter(|c| c.queued) {
+            let base = GemmConfig {
+                queued: false,
+                ..*q
+            };
+            assert!(configs.contains(&base), "{q:?}");
+        }
     }
 
     #[test]

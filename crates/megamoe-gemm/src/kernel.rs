@@ -43,7 +43,7 @@ pub fn kernel_spec(config: &GemmConfig) -> KernelSpec {
          \x20   using Scheduler = megamoe::gemm::TileScheduler<{bm}, {bn}, {masked}, {cluster}>;\n\
          \x20   using Epilogue = megamoe::gemm::{epilogue};\n\
          \x20   megamoe::gemm::grouped_gemm_fp8<{bm}, {bn}, {stages}, {g}, {masked}, {cluster}, {a_regs},\n\
-         \x20                                   {pipelined}, Scheduler, Epilogue>(p, Epilogue{{p.epilogue}});\n\
+         \x20                                   {pipelined}, {queued}, Scheduler, Epilogue>(p, Epilogue{{p.epilogue}});\n\
          }}\n",
         bm = config.block_m,
         bn = config.block_n,
@@ -53,6 +53,7 @@ pub fn kernel_spec(config: &GemmConfig) -> KernelSpec {
         cluster = config.cluster_m,
         a_regs = config.a_regs,
         pipelined = config.pipelined,
+        queued = config.queued,
     );
     KernelSpec {
         name: name.clone(),

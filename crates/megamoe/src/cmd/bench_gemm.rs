@@ -86,6 +86,11 @@ pub struct BenchGemmArgs {
     /// case once per value (and per cluster size and A source), interleaved.
     #[arg(long, value_delimiter = ',')]
     pub pipelined: Vec<bool>,
+    /// 64-column waves, each one's promotion under the next one's wgmmas (true/false; not on
+    /// 192-column tiles; tuning knob); a comma-separated list runs each case once per value (and
+    /// per cluster size, A source and K loop), interleaved.
+    #[arg(long, value_delimiter = ',')]
+    pub queued: Vec<bool>,
     /// Writes a 256 MiB buffer before every timed launch (outside its events), so each launch
     /// starts with an L2 that holds none of its operands, as DeepGEMM's benchmark does.
     #[arg(long)]
@@ -165,6 +170,11 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
     } else {
         args.pipelined.clone()
     };
+    let queued = if args.queued.is_empty() {
+        vec![false]
+    } else {
+        args.queued.clone()
+    };
     let block_ns: Vec<Option<usize>> = if args.block_n.is_empty() {
         vec![None]
     } else {
@@ -177,12 +187,15 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
     {
         for &a_regs in &a_regs {
             for &pipelined in &pipelined {
-                arms.push(Arm {
-                    block_n,
-                    cluster_m,
-                    a_regs,
-                    pipelined,
-                });
+                for &queued in &queued {
+                    arms.push(Arm {
+                        block_n,
+                        cluster_m,
+                        a_regs,
+                        pipelined,
+                        queued,
+                    });
+                }
             }
         }
     }
@@ -267,7 +280,7 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
                     Layout::Masked { .. } => 0,
                 },
                 "cluster_m": arm.cluster_m.unwrap_or(1), "a_regs": arm.a_regs,
-                "pipelined": arm.pipelined, "flush_l2": args.flush_l2, "block_n": arm.block_n,
+                "pipelined": arm.pipelined, "queued": arm.queued, "flush_l2": args.flush_l2, "block_n": arm.block_n,
                 "rows_per_expert": mean, "n": n, "k": k, "group_sizes": rows,
                 "min_us": r.min_us, "max_us": r.max_us, "weight_floor_us": r.weight_floor_us,
                 "deepgemm_us": deepgemm, "kernel": r.kernel,

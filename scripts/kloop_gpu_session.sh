@@ -2,7 +2,8 @@
 # The K loop's GPU session on one H200, about 6 minutes: (a) `bench gemm` on the L1 and L2
 # shapes of the EP8-rank proxies (flash with 32 experts, pro with 48, top-6) at the rows per
 # expert of 64, 1024 and 8192 tokens per rank (flash 12 / 192 / 1536, pro 8 / 128 / 1024), each
-# K-loop arm interleaved with the default on the same operands; (b) the selftests of the GEMM
+# arm (queued waves, 128 x 192 tiles, 2-CTA clusters) interleaved with the default on the same
+# operands; (b) the selftests of the GEMM
 # (every configuration; queued waves must give the default's bits) and of the fused layer (its
 # output hashes are compared with the previous build's by whoever reads the log); (c)
 # `bench layer`, split and fused interleaved, on both proxies. Every step runs under a timeout cut
@@ -31,18 +32,17 @@ timed() {
   fi
   step "$name" "$limit" "$@"
 }
-# `gemm_arms PRESET EXPERTS ROWS...`: L1 and L2 of one proxy, one process per set of arms.
-# Each process's first arm is the default.
+# `gemm_arms PRESET EXPERTS DECODE_ROWS PREFILL_ROWS`: L1 and L2 of one proxy, one process per
+# set of arms (the first arm of each is the default).
 gemm_arms() {
   local preset=$1 experts=$2 decode=$3 prefill=$4
   for shape in l1 l2; do
     local g=(bench gemm --preset "$preset" --experts "$experts" --shape "$shape" --iters 10
              --json "$out/gemm.jsonl")
     timed "gemm_${preset}_${shape}_queued" 40 "${g[@]}" --rows-per-expert "$decode,$prefill" --queued false,true
-    timed "gemm_${preset}_${shape}_pipe" 40 "${g[@]}" --rows-per-expert "$decode,$prefill" --pipelined false,true
     timed "gemm_${preset}_${shape}_n192" 30 "${g[@]}" --rows-per-expert "$prefill" --block-n 256,192
-    timed "gemm_${preset}_${shape}_c2areg" 30 "${g[@]}" --rows-per-expert "$prefill" --cluster-m 1,2 \
-      --a-regs false,true
+    timed "gemm_${preset}_${shape}_c2" 30 "${g[@]}" --rows-per-expert "$prefill" --cluster-m 1,2 \
+      --queued false,true
   done
 }
 for s in $steps; do
@@ -73,7 +73,7 @@ def rows(name):
     return [json.loads(l) for l in open(path)] if os.path.exists(path) else []
 def arm(kernel):
     tile = "x".join(re.search(r"_m(\d+)_n(\d+)_", kernel).groups())
-    return " ".join([tile] + [t for t in ("c2", "areg", "pipe", "queued") if f"_{t}" in kernel])
+    return " ".join([tile] + [t for t in ("c2", "queued") if f"_{t}" in kernel])
 # Each arm against the default of its own process (the first arm of the case in that process).
 print("\n| preset | shape | rows/expert | arm | µs | ×floor | ×weight floor | vs default |")
 print("|---|---|---|---|---|---|---|---|")

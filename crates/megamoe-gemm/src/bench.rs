@@ -5,10 +5,7 @@ use megamoe_cuda::Gpu;
 
 use crate::error::{GemmError, Result};
 use crate::grouped::GroupedGemm;
-use crate::heuristics::{
-    choose, with_a_regs, with_block_n, with_cluster, with_pipelined, with_queued, GemmConfig,
-    GemmProblem,
-};
+use crate::heuristics::{choose, with_block_n, with_cluster, with_queued, GemmConfig, GemmProblem};
 use crate::testdata::{compare, DeviceOperands, HostOperands};
 
 /// One measured case.
@@ -50,10 +47,6 @@ pub struct Arm {
     pub block_n: Option<usize>,
     /// CTAs per cluster sharing the weight tile (see `GemmConfig::cluster_m`).
     pub cluster_m: Option<usize>,
-    /// wgmma A operand from registers (see `GemmConfig::a_regs`).
-    pub a_regs: bool,
-    /// v6: promotion overlapping the next group's wgmmas (see `GemmConfig::pipelined`).
-    pub pipelined: bool,
     /// 64-column waves with hidden promotions (see `GemmConfig::queued`).
     pub queued: bool,
 }
@@ -81,14 +74,6 @@ fn arm_config(
             reason: format!("no {cm}-CTA cluster variant of {}", config.kernel_name()),
         })?;
     }
-    config = with_a_regs(config, arm.a_regs).ok_or_else(|| GemmError::Shape {
-        arg: "a_regs",
-        reason: format!("no A-from-registers variant of {}", config.kernel_name()),
-    })?;
-    config = with_pipelined(config, arm.pipelined).ok_or_else(|| GemmError::Shape {
-        arg: "pipelined",
-        reason: format!("no pipelined-promotion variant of {}", config.kernel_name()),
-    })?;
     config = with_queued(config, arm.queued).ok_or_else(|| GemmError::Shape {
         arg: "queued",
         reason: format!("no queued-wave variant of {}", config.kernel_name()),

@@ -54,7 +54,7 @@ pub struct BenchGemmArgs {
     #[arg(long, default_value_t = 1, value_parser = args::seed, allow_hyphen_values = true)]
     pub seed: u64,
     /// Overrides the heuristic's BLOCK_N (128, 192 or 256; tuning knob); a comma-separated
-    /// list runs each case once per value (and per cluster size, A source and K loop),
+    /// list runs each case once per value (and per cluster size and K loop),
     /// interleaved on the same operands.
     #[arg(long, value_delimiter = ',', value_parser = args::one_of(&[128, 192, 256]),
           allow_hyphen_values = true)]
@@ -77,18 +77,9 @@ pub struct BenchGemmArgs {
     #[arg(long, value_delimiter = ',', value_parser = args::one_of(&[1, 2]),
           allow_hyphen_values = true)]
     pub cluster_m: Vec<usize>,
-    /// wgmma A operand from registers (true/false; 128 x 256 tiles; tuning knob); a
-    /// comma-separated list runs each case once per value (and per cluster size), interleaved.
-    #[arg(long, value_delimiter = ',')]
-    pub a_regs: Vec<bool>,
-    /// v6: each scale group's promotion overlaps the next group's wgmmas (true/false; one-wave
-    /// tiles: a 128 x 256 tile becomes 128 x 128; tuning knob); a comma-separated list runs each
-    /// case once per value (and per cluster size and A source), interleaved.
-    #[arg(long, value_delimiter = ',')]
-    pub pipelined: Vec<bool>,
     /// 64-column waves, each one's promotion under the next one's wgmmas (true/false; not on
     /// 192-column tiles; tuning knob); a comma-separated list runs each case once per value (and
-    /// per cluster size, A source and K loop), interleaved.
+    /// per cluster size), interleaved.
     #[arg(long, value_delimiter = ',')]
     pub queued: Vec<bool>,
     /// Writes a 256 MiB buffer before every timed launch (outside its events), so each launch
@@ -160,16 +151,6 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
     } else {
         args.cluster_m.iter().map(|&c| Some(c)).collect()
     };
-    let a_regs = if args.a_regs.is_empty() {
-        vec![false]
-    } else {
-        args.a_regs.clone()
-    };
-    let pipelined = if args.pipelined.is_empty() {
-        vec![false]
-    } else {
-        args.pipelined.clone()
-    };
     let queued = if args.queued.is_empty() {
         vec![false]
     } else {
@@ -185,18 +166,12 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
         .iter()
         .flat_map(|b| clusters.iter().map(move |c| (b, c)))
     {
-        for &a_regs in &a_regs {
-            for &pipelined in &pipelined {
-                for &queued in &queued {
-                    arms.push(Arm {
-                        block_n,
-                        cluster_m,
-                        a_regs,
-                        pipelined,
-                        queued,
-                    });
-                }
-            }
+        for &queued in &queued {
+            arms.push(Arm {
+                block_n,
+                cluster_m,
+                queued,
+            });
         }
     }
     let mut cases = Vec::new();
@@ -279,8 +254,7 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
                     Layout::Contiguous { pad } => pad,
                     Layout::Masked { .. } => 0,
                 },
-                "cluster_m": arm.cluster_m.unwrap_or(1), "a_regs": arm.a_regs,
-                "pipelined": arm.pipelined, "queued": arm.queued, "flush_l2": args.flush_l2, "block_n": arm.block_n,
+                "cluster_m": arm.cluster_m.unwrap_or(1), "queued": arm.queued, "flush_l2": args.flush_l2, "block_n": arm.block_n,
                 "rows_per_expert": mean, "n": n, "k": k, "group_sizes": rows,
                 "min_us": r.min_us, "max_us": r.max_us, "weight_floor_us": r.weight_floor_us,
                 "deepgemm_us": deepgemm, "kernel": r.kernel,

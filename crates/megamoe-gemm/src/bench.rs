@@ -5,7 +5,7 @@ use megamoe_cuda::Gpu;
 
 use crate::error::{GemmError, Result};
 use crate::grouped::GroupedGemm;
-use crate::heuristics::{choose, with_block_n, with_cluster, with_queued, GemmConfig, GemmProblem};
+use crate::heuristics::{choose, with_block_n, with_cluster, GemmConfig, GemmProblem};
 use crate::testdata::{compare, DeviceOperands, HostOperands};
 
 /// One measured case.
@@ -47,8 +47,6 @@ pub struct Arm {
     pub block_n: Option<usize>,
     /// CTAs per cluster sharing the weight tile (see `GemmConfig::cluster_m`).
     pub cluster_m: Option<usize>,
-    /// 64-column waves with hidden promotions (see `GemmConfig::queued`).
-    pub queued: bool,
 }
 
 /// The configuration `arm` runs for `problem`.
@@ -74,10 +72,6 @@ fn arm_config(
             reason: format!("no {cm}-CTA cluster variant of {}", config.kernel_name()),
         })?;
     }
-    config = with_queued(config, arm.queued).ok_or_else(|| GemmError::Shape {
-        arg: "queued",
-        reason: format!("no queued-wave variant of {}", config.kernel_name()),
-    })?;
     if opts.direct_store {
         config.tma_store = false;
     }

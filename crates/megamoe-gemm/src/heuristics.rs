@@ -8,9 +8,7 @@
 //! when N is not a multiple of 256; and 64 x 256 (warpgroups split the columns) when experts hold
 //! few rows, where a 128-row block would mostly multiply padding. Stages fill the
 //! shared memory; the grid is one CTA per SM. The 128 x 256 tile also exists on clusters of two
-//! CTAs that multicast the weight tile (`cluster_m`), and the 128- and 256-column tiles with
-//! 64-column waves whose promotions run under the next wave (`queued`): benchmark knobs not
-//! chosen here.
+//! CTAs that multicast the weight tile (`cluster_m`), a benchmark knob not chosen here.
 //!
 //! The tile shapes, the shared-memory plan and the rules for BLOCK_M and BLOCK_N live in
 //! `megamoe_core::plan::heuristics`, which the planner reads too.
@@ -84,10 +82,6 @@ pub struct GemmConfig {
     /// CTAs per cluster: 2 pairs CTAs on m-blocks 2i, 2i + 1 of one expert and n-block, each
     /// loading half the weight tile and multicasting it to both (128 x 256 tiles only).
     pub cluster_m: usize,
-    /// Each warpgroup's slice runs as 64-column waves, each one's promotion under the next
-    /// one's wgmmas through two 32-register accumulator sets (128- and 256-column slices; a
-    /// benchmark knob, not chosen here).
-    pub queued: bool,
     pub ctas: usize,
 }
 
@@ -100,7 +94,7 @@ impl GemmConfig {
     /// The kernel symbol of this instantiation.
     pub fn kernel_name(&self) -> String {
         format!(
-            "grouped_gemm_fp8_m{}_n{}_s{}_g{}_{}_{}{}{}{}",
+            "grouped_gemm_fp8_m{}_n{}_s{}_g{}_{}_{}{}{}",
             self.block_m,
             self.block_n,
             self.stages,
@@ -115,8 +109,7 @@ impl GemmConfig {
                 format!("_c{}", self.cluster_m)
             } else {
                 String::new()
-            },
-            if self.queued { "_queued" } else { "" }
+            }
         )
     }
 }
@@ -199,7 +192,6 @@ pub fn choose(p: &GemmProblem, sms: usize) -> Result<GemmConfig, GemmError> {
         tma_store: tma_store_applies(matches!(p.layout, Layout::Masked { .. }), p.out),
         group_m: 8,
         cluster_m: 1,
-        queued: false,
         ctas: sms,
     };
     if std::env::var_os("MEGAMOE_GEMM_LOG").is_some() {
@@ -236,26 +228,14 @@ pub fn with_cluster(config: GemmConfig, p: &GemmProblem, cluster_m: usize) -> Op
     })
 }
 
-/// `config` with (or without) 64-column waves whose promotions run under the next wave's
-/// wgmmas, or None where that does not exist (192-column tiles).
-pub fn with_queued(config: GemmConfig, queued: bool) -> Option<GemmConfig> {
-    let exists = !queued || config.block_n != 192;
-    exists.then_some(GemmConfig { queued, ..config })
-}
-
-/// Every configuration `choose` can return (and the clustered variant of the 128 x 256 tile,
-/// and the queued variants), for compile-everything checks.
+/// Every configuration `choose` can return (and the clustered variant of the 128 x 256 tile),
+/// for compile-everything checks.
 pub fn all_configs(sms: usize) -> Vec<GemmConfig> {
     let mut out = Vec::new();
-    for (block_m, block_n, cluster_m, queued) in TILE_SHAPES
-        .map(|(m, n)| (m, n, 1, false))
+    for (block_m, block_n, cluster_m) in TILE_SHAPES
+        .map(|(m, n)| (m, n, 1))
         .into_iter()
-        .chain([
-            (128, 256, 2, false),
-            (128, 256, 1, true),
-            (128, 256, 2, true),
-            (64, 256, 1, true),
-        ])
+        .chain([(128, 256, 2)])
     {
         for group_size in [128, 64] {
             for masked in [false, true] {
@@ -274,7 +254,6 @@ pub fn all_configs(sms: usize) -> Vec<GemmConfig> {
                             tma_store,
                             group_m: 8,
                             cluster_m,
-                            queued,
                             ctas: sms - sms % cluster_m,
                         });
                     }
@@ -336,33 +315,6 @@ mod tests {
         odd.n = 768;
         assert!(with_cluster(choose(&odd, 132).unwrap(), &odd, 2).is_none());
         assert!(with_cluster(c, &p, 4).is_none());
-    }
-
-    #[test]
-    fn queued_waves_exist_for_128_and_256_column_slices() {
-        let p = problem(512, Layout::Contiguous { pad: 128 }, 128);
-        let c = choose(&p, 132).unwrap();
-        assert!(!c.queued);
-        let q = with_queued(c, true).unwrap();
-        assert_eq!(
-            (q.block_m, q.block_n, q.stages),
-            (c.block_m, c.block_n, c.stages)
-        );
-        assert!(q.kernel_name().ends_with("_tma_queued"));
-        assert!(with_queued(with_block_n(c, &p, 192).unwrap(), true).is_none());
-        let small = choose(&problem(32, Layout::Masked { max_m: 32 }, 128), 132).unwrap();
-        assert_eq!((small.block_m, small.block_n), (64, 256));
-        assert!(with_queued(small, true).is_some());
-        let configs = all_configs(132);
-        for q in configs.iter().filter(|c| c.queued) {
-            let base = GemmConfig {
-                queued: false,
-                ..*q
-            };
-            assert!(configs.contains(&base), "{q:?}");
-            assert_eq!(with_queued(base, true), Some(*q));
-        }
-        assert_eq!(configs.iter().filter(|c| c.queued).count(), 30);
     }
 
     #[test]

@@ -264,7 +264,6 @@ pub fn l1_config(sms: usize) -> GemmConfig {
         tma_store: false,
         group_m: 8,
         cluster_m: 1,
-        queued: false,
         ctas: sms,
     }
 }
@@ -276,7 +275,7 @@ pub fn split_l1_spec(config: &GemmConfig) -> KernelSpec {
         "#include <megamoe_layer/impls/split_l1.cuh>\n\
          extern \"C\" __global__ void __launch_bounds__({threads}, 1)\n\
          {name}(const __grid_constant__ megamoe::layer::SplitL1Params p) {{\n\
-         \x20   megamoe::gemm::grouped_gemm_fp8<128, 256, {stages}, 128, false, 1, false,\n\
+         \x20   megamoe::gemm::grouped_gemm_fp8<128, 256, {stages}, 128, false, 1,\n\
          \x20                                   megamoe::gemm::TileScheduler<128, 256, false, 1>,\n\
          \x20                                   megamoe::layer::SwigluQuant>(p.gemm, p.epilogue);\n\
          }}\n",

@@ -54,7 +54,7 @@ pub struct BenchGemmArgs {
     #[arg(long, default_value_t = 1, value_parser = args::seed, allow_hyphen_values = true)]
     pub seed: u64,
     /// Overrides the heuristic's BLOCK_N (128, 192 or 256; tuning knob); a comma-separated
-    /// list runs each case once per value (and per cluster size and K loop),
+    /// list runs each case once per value (and per cluster size),
     /// interleaved on the same operands.
     #[arg(long, value_delimiter = ',', value_parser = args::one_of(&[128, 192, 256]),
           allow_hyphen_values = true)]
@@ -77,11 +77,6 @@ pub struct BenchGemmArgs {
     #[arg(long, value_delimiter = ',', value_parser = args::one_of(&[1, 2]),
           allow_hyphen_values = true)]
     pub cluster_m: Vec<usize>,
-    /// 64-column waves, each one's promotion under the next one's wgmmas (true/false; not on
-    /// 192-column tiles; tuning knob); a comma-separated list runs each case once per value (and
-    /// per cluster size), interleaved.
-    #[arg(long, value_delimiter = ',')]
-    pub queued: Vec<bool>,
     /// Writes a 256 MiB buffer before every timed launch (outside its events), so each launch
     /// starts with an L2 that holds none of its operands, as DeepGEMM's benchmark does.
     #[arg(long)]
@@ -151,29 +146,19 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
     } else {
         args.cluster_m.iter().map(|&c| Some(c)).collect()
     };
-    let queued = if args.queued.is_empty() {
-        vec![false]
-    } else {
-        args.queued.clone()
-    };
     let block_ns: Vec<Option<usize>> = if args.block_n.is_empty() {
         vec![None]
     } else {
         args.block_n.iter().map(|&b| Some(b)).collect()
     };
-    let mut arms = Vec::new();
-    for (&block_n, &cluster_m) in block_ns
+    let arms: Vec<Arm> = block_ns
         .iter()
-        .flat_map(|b| clusters.iter().map(move |c| (b, c)))
-    {
-        for &queued in &queued {
-            arms.push(Arm {
-                block_n,
-                cluster_m,
-                queued,
-            });
-        }
-    }
+        .flat_map(|&block_n| {
+            clusters
+                .iter()
+                .map(move |&cluster_m| Arm { block_n, cluster_m })
+        })
+        .collect();
     let mut cases = Vec::new();
     for &mean in &args.rows_per_expert {
         for &pad in &pads {
@@ -254,7 +239,7 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
                     Layout::Contiguous { pad } => pad,
                     Layout::Masked { .. } => 0,
                 },
-                "cluster_m": arm.cluster_m.unwrap_or(1), "queued": arm.queued, "flush_l2": args.flush_l2, "block_n": arm.block_n,
+                "cluster_m": arm.cluster_m.unwrap_or(1), "flush_l2": args.flush_l2, "block_n": arm.block_n,
                 "rows_per_expert": mean, "n": n, "k": k, "group_sizes": rows,
                 "min_us": r.min_us, "max_us": r.max_us, "weight_floor_us": r.weight_floor_us,
                 "deepgemm_us": deepgemm, "kernel": r.kernel,

@@ -1,8 +1,6 @@
 // FP8 block-scaled grouped GEMM y = x * W^T over experts (SPEC §3 steps 1 and 4), persistent and
 // warp-specialised: warpgroups 0 and 1 run the wgmma consumer, warpgroup 2 the TMA producer.
 // kClusterM = 2: clusters of two CTAs that share (multicast) the weight tile of a tile pair.
-// kQueued: 64-column waves, each one's promotion under the next one's wgmmas (see
-// tile_k_loop_queued).
 // Scheduler: the tile sequence (TileScheduler, or any of the shape in scheduler/tile.cuh whose
 // params are SchedulerParams). Epilogue: what happens to each finished slice (epilogue/store.cuh).
 // Instantiated per configuration by a generated translation unit (src/kernel.rs).
@@ -22,7 +20,7 @@ constexpr u32 kProducerRegs = 40;
 constexpr u32 kConsumerRegs = 232;
 
 template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, bool kMasked, int kClusterM,
-          bool kQueued, typename Scheduler, typename Epilogue>
+          typename Scheduler, typename Epilogue>
 __device__ __forceinline__ void grouped_gemm_fp8(const GroupedGemmParams& p, const Epilogue& epi) {
     using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>;
     extern __shared__ u8 smem_raw[];
@@ -60,8 +58,8 @@ __device__ __forceinline__ void grouped_gemm_fp8(const GroupedGemmParams& p, con
         }
     } else {
         ptx::setmaxnreg_inc<kConsumerRegs>();
-        wgmma_consumer<BLOCK_M, BLOCK_N, kStages, kGroupSize, kClusterM, kQueued, Scheduler,
-                       Epilogue>(p.mainloop, p.scheduler, epi, smem, warp / 4);
+        wgmma_consumer<BLOCK_M, BLOCK_N, kStages, kGroupSize, kClusterM, Scheduler, Epilogue>(
+            p.mainloop, p.scheduler, epi, smem, warp / 4);
     }
     if constexpr (kClusterM > 1) ptx::cluster_sync();
 }

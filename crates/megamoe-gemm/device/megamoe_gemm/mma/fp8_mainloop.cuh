@@ -166,135 +166,8 @@ __device__ __forceinline__ void tile_k_loop(const MainloopParams& p,
     }
 }
 
-// The K loop of a slice of 64 rows by 128 or 256 columns as 64-column waves (m64n64k32), each
-// wave's promotion hidden under the next wave's wgmmas: two 32-register accumulator sets
-// alternate, and wave u + 1 is issued before wave u is waited for (wait_group 1) and promoted,
-// so the tensor cores always hold one wave of this warpgroup. Every output element gets the
-// same products and the same promotions in the same order as in tile_k_loop, so the same bits.
-// Registers: the sum plus 2 x 32, as many as tile_k_loop's sum plus one 128-column wave. A
-// stage is released when its last wave completes: once the next K block's first wave is issued,
-// or at the tile's end.
-template <int kSliceCols, int kClusterM, int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, int kSaCols>
-struct QueuedKLoop {
-    using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize, kSaCols>;
-    using Mma = WgmmaM64N64K32E4M3;
-    static constexpr int kWaves = kSliceCols / Mma::kN;
-    static constexpr int kScaleCols = Layout::kScaleCols;
-    static constexpr int kMmaPerGroup = kGroupSize / Mma::kK;
-    static constexpr u32 kRowFloats = Layout::kScaleBRowFloats;
-    static_assert(kWaves == 2 || kWaves == 4, "an even number of waves: wave q uses acc[q % 2]");
-
-    const MainloopParams& p;
-    const Layout& smem;
-    RingCursor<kStages>& ring;
-    float (&sum)[kSliceCols / 128][64];
-    const float* sb_tile;  // the tile's weight scales, staged in shared memory (TileWeightScales)
-    u32 sa_rows0, a_desc_lo0, b_desc_lo0;
-    float acc[2][Mma::kAccum];
-    // The wave in flight's promotion factors (this thread's rows r and r + 8), and the stage
-    // the last K block read.
-    float prev_lo = 0.0f, prev_hi = 0.0f;
-    u32 prev_stage = 0;
-
-    // Folds the completed wave q in acc[q % 2] into its 32 columns of the sum.
-    __device__ __forceinline__ void promote(int q) {
-        float(&a)[Mma::kAccum] = acc[q % 2];
-#pragma unroll
-        for (int i = 0; i < Mma::kAccum; ++i) wgmma_fence_operand(a[i]);
-#pragma unroll
-        for (int i = 0; i < Mma::kAccum; ++i) {
-            float& s = sum[q / 2][q % 2 * Mma::kAccum + i];
-            s = fmaf(a[i], (i & 2) ? prev_hi : prev_lo, s);
-        }
-    }
-
-    // One K block. The full-barrier wait has the previous block's last wave in flight: its
-    // expiry path waits for that wave before it exits, or ptxas would insert the wait on its own
-    // and serialize every wgmma of the kernel (C7518); the aligned wait_group needs the whole
-    // warp, hence the per-warp wait.
-    template <bool kFirst>
-    __device__ __forceinline__ void k_block(u32 kb) {
-        float sb[kSliceCols / 128];
-#pragma unroll
-        for (int w = 0; w < kSliceCols / 128; ++w) sb[w] = sb_tile[w * kRowFloats + kb];
-        mbarrier_wait_warp(smem.full(ring.stage), ring.phase, reinterpret_cast<comm::WaitRecord*>(p.error),
-                           p.timeout_ns, kWaitFull, [] { wgmma_wait<0>(); });
-        const u32 sa = sa_rows0 + ring.stage * Layout::kSaBytes;
-        float sa_lo[kScaleCols], sa_hi[kScaleCols];
-#pragma unroll
-        for (int g = 0; g < kScaleCols; ++g) {
-            sa_lo[g] = ptx::ld_shared_f32(sa + g * BLOCK_M * 4);
-            sa_hi[g] = ptx::ld_shared_f32(sa + (g * BLOCK_M + 8) * 4);
-        }
-        const u32 a_desc_lo = a_desc_lo0 + ring.stage * (Layout::kABytes / 16);
-        const u32 b_desc_lo = b_desc_lo0 + ring.stage * (Layout::kBBytes / 16);
-#pragma unroll
-        for (int g = 0; g < kScaleCols; ++g) {
-#pragma unroll
-            for (int q = 0; q < kWaves; ++q) {
-                float(&a)[Mma::kAccum] = acc[q % 2];
-#pragma unroll
-                for (int i = 0; i < Mma::kAccum; ++i) wgmma_fence_operand(a[i]);
-                wgmma_fence();
-#pragma unroll
-                for (int j = 0; j < kMmaPerGroup; ++j) {
-                    const u32 k_bytes = (g * kMmaPerGroup + j) * Mma::kK;
-                    Mma::mma(smem_desc_from_lo(a_desc_lo + k_bytes / 16),
-                             smem_desc_from_lo(b_desc_lo + (q * Mma::kN * Layout::kBlockK + k_bytes) / 16), a,
-                             j > 0);
-                }
-                wgmma_commit();
-#pragma unroll
-                for (int i = 0; i < Mma::kAccum; ++i) wgmma_fence_operand(a[i]);
-                if (!(kFirst && g == 0 && q == 0)) {
-                    wgmma_wait<1>();
-                    promote((q + kWaves - 1) % kWaves);
-                    if (g == 0 && q == 0 && threadIdx.x % 32 == 0) release_stage<kClusterM>(smem.empty(prev_stage));
-                }
-                prev_lo = sa_lo[g] * sb[q / 2];
-                prev_hi = sa_hi[g] * sb[q / 2];
-            }
-        }
-        prev_stage = ring.stage;
-        ring.advance();
-    }
-
-    __device__ __forceinline__ void run(u32 k_blocks) {
-#pragma unroll
-        for (int w = 0; w < kSliceCols / 128; ++w) {
-#pragma unroll
-            for (int i = 0; i < 64; ++i) sum[w][i] = 0.0f;
-        }
-        k_block<true>(0);
-        for (u32 kb = 1; kb < k_blocks; ++kb) k_block<false>(kb);
-        wgmma_wait<0>();
-        promote(kWaves - 1);
-        if (threadIdx.x % 32 == 0) release_stage<kClusterM>(smem.empty(prev_stage));
-    }
-};
-
-template <int kSliceCols, int kClusterM, int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, int kSaCols>
-__device__ __forceinline__ void tile_k_loop_queued(const MainloopParams& p,
-                                                   const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize, kSaCols>& smem,
-                                                   RingCursor<kStages>& ring, u32 wg, u32 a_off, u32 b_off,
-                                                   float (&sum)[kSliceCols / 128][64]) {
-    using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize, kSaCols>;
-    // The row's address goes through an opaque copy, as in tile_k_loop.
-    const u32 r_lo = a_off + (threadIdx.x / 32) % 4 * 16 + threadIdx.x % 32 / 4;
-    QueuedKLoop<kSliceCols, kClusterM, BLOCK_M, BLOCK_N, kStages, kGroupSize, kSaCols> loop{
-        p,
-        smem,
-        ring,
-        sum,
-        smem.scale_b(wg),
-        ptx::opaque(ptx::smem_addr(smem.sa(0) + r_lo)),
-        smem_desc_lo_k_major_sw128(smem.a(0) + a_off * Layout::kBlockK),
-        smem_desc_lo_k_major_sw128(smem.b(0) + b_off * Layout::kBlockK)};
-    loop.run(p.k / Layout::kBlockK);
-}
-
-template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, int kClusterM, bool kQueued,
-          typename Scheduler, typename Epilogue>
+template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, int kClusterM, typename Scheduler,
+          typename Epilogue>
 __device__ void wgmma_consumer(const MainloopParams& p, const typename Scheduler::Params& sched_params,
                                const Epilogue& epi,
                                const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>& smem,
@@ -320,10 +193,7 @@ __device__ void wgmma_consumer(const MainloopParams& p, const typename Scheduler
     while (more) {
         scales.stage(smem.scale_b(wg), wg);
         float sum[kWaves][kWaveN / 2];
-        if constexpr (kQueued) {
-            static_assert(kWaveN == 128, "64-column waves of a 128- or 256-column slice");
-            tile_k_loop_queued<kSliceCols, kClusterM>(p, smem, ring, wg, a_off, b_off, sum);
-        } else if constexpr (kWaveN == 192) {
+        if constexpr (kWaveN == 192) {
             // 192-column tiles start 0 or 64 columns into a weight scale block, alternately.
             if (t.n0 % 128 != 0) {
                 tile_k_loop<kWaveN, kWaves, kClusterM, 64>(p, smem, ring, t, wg, a_off, b_off, sum);

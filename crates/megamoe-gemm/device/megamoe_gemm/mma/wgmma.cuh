@@ -57,25 +57,6 @@ struct WgmmaM64N128K32E4M3 : WgmmaShape<128> {
     }
 };
 
-// D[64x64] (+)= A[64x32] * B[64x32]^T, K-major descriptors: a quarter of a 64 x 256 slice,
-// whose 32 accumulators leave room for a second set (tile_k_loop_queued).
-struct WgmmaM64N64K32E4M3 : WgmmaShape<64> {
-
-    __device__ __forceinline__ static void mma(u64 desc_a, u64 desc_b, float (&d)[kAccum],
-                                               bool accumulate) {
-        asm volatile(
-            "{\n"
-            ".reg .pred p;\n"
-            "setp.ne.b32 p, %34, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3\n"
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31},\n"
-            "%32, %33, p, 1, 1;\n"
-            "}\n"
-            : MEGAMOE_WGMMA_D32(d, 0)
-            : "l"(desc_a), "l"(desc_b), "r"(static_cast<u32>(accumulate)));
-    }
-};
-
 // D[64x192] (+)= A[64x32] * B[192x32]^T, K-major descriptors: the one-wave slice of a 128 x 192
 // tile (96 accumulators; with the 96 of the running sum the registers hold it, which an m64n256
 // wave would not).

@@ -252,9 +252,9 @@ __device__ void consume(const FusedParams& p, const FusedProbe& probe, const L1S
         scatter.prefetch(t.a_row + a_off);
         float sum[2][64];
         if (kind == kL1) {
-            gemm::tile_k_loop_queued<256, 1>(p.l1, s1, ring, wg, a_off, 0, sum);
+            gemm::tile_k_loop<128, 2, 1, 0>(p.l1, s1, ring, t, wg, a_off, 0, sum);
         } else {
-            gemm::tile_k_loop_queued<256, 1>(p.l2, s2, ring, wg, a_off, 0, sum);
+            gemm::tile_k_loop<128, 2, 1, 0>(p.l2, s2, ring, t, wg, a_off, 0, sum);
         }
         if (tracer()) task_trace(r, probe.trace, i)->wg[wg][1] = ptx::globaltimer_ns();
         // The next task's weight scales load while this one's epilogue runs.

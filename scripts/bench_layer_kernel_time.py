@@ -5,6 +5,7 @@ clock held down by the 700 W cap): docs/PERF.md compares the two.
 
     python scripts/bench_layer_kernel_time.py [--preset flash|pro] [--tokens 64,1024,...]
                                               [--kind fused,split] [--calls 20] [--flush-gb 8]
+                                              [--accumulation per-block|rescaled]
 
 One rank, the EP8-rank proxy (flash with 32 experts, pro with 48; SPEC §9), buffers for 8192
 tokens, FP8 input (the tuple form, so no quantizer runs), routing of uniformly random distinct
@@ -52,6 +53,7 @@ def main():
     p.add_argument("--kind", default="fused,split")
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--flush-gb", type=float, default=8.0)
+    p.add_argument("--accumulation", default="per-block", help="per-block (default) or rescaled")
     args = p.parse_args()
     hidden, inter, experts, topk = PRESETS[args.preset]
     tokens_list = [int(t) for t in args.tokens.split(",")]
@@ -60,9 +62,11 @@ def main():
     weights = ref.random_weights(experts, hidden, inter, generator=gen)
     layers = {}
     for kind in kinds:
-        layers[kind] = megamoe.get_symm_buffer_for_mega_moe(1, experts, 8192, topk, hidden, inter, kind=kind)
+        layers[kind] = megamoe.get_symm_buffer_for_mega_moe(1, experts, 8192, topk, hidden, inter, kind=kind,
+                                                            accumulation=args.accumulation)
         layers[kind].load_weights(*weights)
-    print(f"{args.preset} ({experts} experts), one rank, buffers for 8192 tokens, FP8 input; "
+    print(f"{args.preset} ({experts} experts), one rank, buffers for 8192 tokens, FP8 input, "
+          f"{args.accumulation} accumulation; "
           f"median of {args.calls} calls, µs; L2 flush {args.flush_gb:g} GB")
     print(f"{'tokens':>6} {'kind':>6} {'kernel us':>10}")
     for tokens in tokens_list:

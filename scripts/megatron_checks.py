@@ -445,7 +445,7 @@ def check_speed():
         row = dict(tokens=tokens, experts=experts, topk=topk)
         step = layer_arms(tokens, experts, topk)
         for d in ("alltoall", "flex", "flex_allsms") * 2:  # interleaved; the second round kept
-            row[f"layer_{d}_ms"] = time_ms(lambda: step(d))
+            row[f"layer_{d}_ms"] = time_ms(functools.partial(step, d))
         fa.reset_hybrid_ep_buffer()
         del step
         # The loop alone: routing of top-k over random scores, probs f32.

@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# The test command: installs what the kernel-compile test needs (NVRTC and CUDA headers from
-# pinned PyPI wheels into .toolchain/, skipped when already there), then format, lints, the docs
-# (no broken links; about 10 s) and tests, then the Python package's tests.
+# The test command: installs what the kernel-compile test and the format check need (NVRTC, CUDA
+# headers and the formatters from pinned PyPI wheels into .toolchain/, skipped when already there),
+# then the format of the Rust, device and Python sources and ruff's lints (scripts/format.sh
+# applies the formatters), clippy, the docs (no broken links; about 10 s) and tests, then the
+# Python package's tests.
 # Needs no GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/install-cuda-toolchain.sh
-cargo fmt --all --check
+scripts/format.sh --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# The GPU crates as a library uses them: without the `harness` feature the command line turns on.
+cargo clippy -p megamoe-cuda -p megamoe-gemm -p megamoe-ep -p megamoe-layer --all-targets --locked -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 cargo test --workspace --locked
 

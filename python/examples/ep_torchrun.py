@@ -61,10 +61,10 @@ def check(buffer: ep.Buffer, order: str = "per_rank", seed: int = 0, group=None)
     n = d.handle.num_rows[0]
     # The combine's input, also the row gradient of dispatch's backward.
     rows = torch.randn(n, HIDDEN, generator=g).to(torch.bfloat16).to(dev).requires_grad_()
-    (y,) = ep.combine_with_unpermute(buffer, rows, d.handle, order)
+    y = ep.combine_with_unpermute(buffer, rows, d.handle, order)
     y.backward(grad_y)
     grad_row_probs = torch.rand(n, generator=g).to(dev)
-    torch.autograd.backward([d.rows[0], d.probs[0]], [rows.detach(), grad_row_probs])
+    torch.autograd.backward([d.rows, d.probs], [rows.detach(), grad_row_probs])
 
     fp8 = buffer.dtype == "fp8"
     codes, scales = ep.quantize_fp8(x.detach()) if fp8 else (x.detach(), None)
@@ -80,14 +80,14 @@ def check(buffer: ep.Buffer, order: str = "per_rank", seed: int = 0, group=None)
 
     out = {}
     if fp8:
-        [(got_codes, got_scales)] = d.fp8
+        got_codes, got_scales = d.fp8
         out["dispatched e4m3 rows"] = _compare(got_codes, want["rows"])
         out["dispatched scales"] = _compare(got_scales, want["scales"])
-        out["dequantized rows"] = _compare(d.rows[0], ep.dequantize_fp8(want["rows"], want["scales"]))
+        out["dequantized rows"] = _compare(d.rows, ep.dequantize_fp8(want["rows"], want["scales"]))
     else:
-        out["dispatched rows"] = _compare(d.rows[0], want["rows"])
-    out["dispatched probs"] = _compare(d.probs[0], want["probs"])
-    counts = torch.tensor(d.tokens_per_expert[0]), torch.tensor(want["tokens_per_expert"])
+        out["dispatched rows"] = _compare(d.rows, want["rows"])
+    out["dispatched probs"] = _compare(d.probs, want["probs"])
+    counts = torch.tensor(d.tokens_per_expert), torch.tensor(want["tokens_per_expert"])
     out["tokens_per_expert"] = _compare(*counts)
     out["combined y"] = _compare(y, want["y"])
     out["combine backward (rows.grad)"] = _compare(rows.grad, want["grad_rows"])

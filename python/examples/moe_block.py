@@ -69,7 +69,7 @@ class MoEBlock(nn.Module):
     def forward(self, xs):
         b = self.buffer
         routes = [self.route(x) for x in xs]
-        d = ep.dispatch_with_permute(
+        d = ep.dispatch_with_permute_ranks(
             b, xs, [i for i, _ in routes], [p for _, p in routes], self.pad_multiple, self.order
         )
         local = b.num_experts // b.num_ranks
@@ -83,7 +83,7 @@ class MoEBlock(nn.Module):
                     [self.expert(r * local + j, x) * p.unsqueeze(1).to(torch.bfloat16) for j, (x, p) in enumerate(zip(rows, probs))]
                 )
             )
-        return ep.combine_with_unpermute(b, outs, d.handle, self.order)
+        return ep.combine_with_unpermute_ranks(b, outs, d.handle, self.order)
 
 
 def reference_block(block: MoEBlock, xs):

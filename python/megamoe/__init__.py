@@ -47,7 +47,14 @@ from .layer import MoELayer, get_symm_buffer_for_mega_moe
 
 # Dispatch / combine and symmetric memory take torch tensors: megamoe.ep imports torch, on first
 # use of one of these names, so that the package itself imports without torch.
-_EP = ("Buffer", "dispatch_with_permute", "combine_with_unpermute", "SymmetricMemory")
+_EP = (
+    "Buffer",
+    "dispatch_with_permute",
+    "combine_with_unpermute",
+    "dispatch_with_permute_ranks",
+    "combine_with_unpermute_ranks",
+    "SymmetricMemory",
+)
 
 
 def __getattr__(name):

@@ -1,8 +1,13 @@
-"""Checks of the torch tensors the GPU calls take by address (no libtorch link): dtype, shape,
-CUDA device, contiguity and alignment, each failure a ValueError naming the argument."""
+"""PyTorch for the GPU calls, imported on first use (the package imports without it), and the
+caller's current CUDA stream. The tensors themselves are checked by the native module
+(``megamoe._megamoe.check_tensor``)."""
+
+from __future__ import annotations
+
+from types import ModuleType
 
 
-def torch():
+def torch() -> ModuleType:
     """The torch module, imported when a GPU call needs it (the package imports without it).
     Without PyTorch: an ImportError that says so, wherever torch is needed."""
     try:
@@ -14,30 +19,7 @@ def torch():
     return torch
 
 
-def address(name, t, dtypes, shape, device):
-    """The address of tensor `t` after checking it: one of `dtypes` (a dtype or a tuple), on CUDA
-    device `device` (an index), of `shape` (None: any size in that dimension), contiguous and
-    16-byte aligned (the kernels' tensor maps load 16-byte units)."""
-    th = torch()
-    dtypes = dtypes if isinstance(dtypes, tuple) else (dtypes,)
-    if not isinstance(t, th.Tensor):
-        raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in dtypes:
-        raise ValueError(f"{name}: dtype {t.dtype}, expected {' or '.join(map(str, dtypes))}")
-    if t.get_device() != device:  # -1 off CUDA; cheaper than building t.device
-        raise ValueError(f"{name}: on {t.device}, expected cuda:{device}")
-    if t.dim() != len(shape) or any(w is not None and g != w for g, w in zip(t.shape, shape)):
-        want = ", ".join("*" if w is None else str(w) for w in shape)
-        raise ValueError(f"{name}: shape {tuple(t.shape)}, expected ({want})")
-    if not t.is_contiguous():
-        raise ValueError(f"{name}: must be contiguous (strides {t.stride()}); call .contiguous()")
-    ptr = t.data_ptr()
-    if ptr % 16:
-        raise ValueError(f"{name}: its data must start 16-byte aligned (address {ptr:#x})")
-    return ptr
-
-
-def stream(device):
+def stream(device: int) -> int:
     """The caller's current CUDA stream on `device`, as the driver's handle (torch's raw query
     where it has one: it builds no Stream object, a microsecond a call)."""
     th = torch()

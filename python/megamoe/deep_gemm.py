@@ -41,23 +41,33 @@ What differs:
   ``topk_weights`` into it.
 """
 
-import warnings
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
 
 from . import _megamoe
-from ._tensors import address, stream, torch
+from ._megamoe import check_tensor
+from ._tensors import stream, torch
 from .layer import MoELayer, refuse_capture
+
+if TYPE_CHECKING:
+    from torch import Tensor
+    from torch.distributed import ProcessGroup
+
+    # (weights, scale factors) of this rank's experts.
+    Weights = tuple[Tensor, Tensor]
 
 # Rows of the layer's ring slots: capacities are rounded up to it, as DeepGEMM rounds them to its
 # block sizes (the staging tensors then have DeepGEMM's shapes).
 _TOKEN_ALIGNMENT = 128
 
 
-def get_token_alignment_for_mega_moe():
+def get_token_alignment_for_mega_moe() -> int:
     """Tokens per rank a buffer's capacity is rounded up to (DeepGEMM's query)."""
     return _TOKEN_ALIGNMENT
 
 
-def _staging_layout(num_max_tokens_per_rank, num_topk, hidden):
+def _staging_layout(num_max_tokens_per_rank: int, num_topk: int, hidden: int) -> tuple[list[int], int]:
     """Byte offsets of x, x_sf, topk_idx, topk_weights in the staging allocation, and its size
     (each 16-byte aligned: hidden is a multiple of 128)."""
     t = num_max_tokens_per_rank
@@ -69,9 +79,10 @@ def _staging_layout(num_max_tokens_per_rank, num_topk, hidden):
     return offsets, at
 
 
-def get_symm_buffer_size_for_mega_moe(num_ranks, num_experts, num_max_tokens_per_rank, num_topk,
-                                      hidden, intermediate_hidden, use_fp8_dispatch=True,
-                                      activation="swiglu"):
+def get_symm_buffer_size_for_mega_moe(num_ranks: int, num_experts: int, num_max_tokens_per_rank: int,
+                                      num_topk: int, hidden: int, intermediate_hidden: int,
+                                      use_fp8_dispatch: bool = True, activation: str = "swiglu"
+                                      ) -> tuple[int, Callable[[Tensor], tuple[Tensor, ...]]]:
     """(num_bytes, slice_input_buffers), DeepGEMM's size query: ``num_bytes`` is what one rank of
     such a fused buffer allocates on its GPU (the staging tensors, the layer's symmetric and
     private buffers and its copy of the experts' weights); ``slice_input_buffers(buffer)`` views an
@@ -84,13 +95,13 @@ def get_symm_buffer_size_for_mega_moe(num_ranks, num_experts, num_max_tokens_per
     offsets, staging = _staging_layout(num_max_tokens_per_rank, num_topk, hidden)
     total = staging + sizes["symmetric_bytes"] + sizes["local_bytes"] + sizes["weight_bytes"]
 
-    def slice_input_buffers(buffer):
+    def slice_input_buffers(buffer: Tensor) -> tuple[Tensor, ...]:
         return _staging_views(buffer, offsets, num_max_tokens_per_rank, num_topk, hidden)
 
     return total, slice_input_buffers
 
 
-def _staging_views(buffer, offsets, t, k, h):
+def _staging_views(buffer: Tensor, offsets: list[int], t: int, k: int, h: int) -> tuple[Tensor, ...]:
     th = torch()
     views = [(th.float8_e4m3fn, (t, h)), (th.float32, (t, h // 128)), (th.int64, (t, k)),
              (th.float32, (t, k))]
@@ -101,7 +112,7 @@ def _staging_views(buffer, offsets, t, k, h):
     return tuple(out)
 
 
-def _dispatch_and_activation(use_fp8_dispatch, activation):
+def _dispatch_and_activation(use_fp8_dispatch: bool, activation: str) -> None:
     if use_fp8_dispatch is not True:
         raise ValueError(f"use_fp8_dispatch: {use_fp8_dispatch!r}; the SM90 layer dispatches FP8 "
                          "rows only (True)")
@@ -117,9 +128,10 @@ class SymmBuffer:
     when the first call loads the weights). ``num_max_tokens_per_rank`` is the capacity rounded up
     to :func:`get_token_alignment_for_mega_moe`."""
 
-    def __init__(self, group, num_experts, num_max_tokens_per_rank, num_topk, hidden,
-                 intermediate_hidden, use_fp8_dispatch=True, activation="swiglu", fused=False,
-                 num_experts_per_wave=None, l2_act_sf_gran_k=None):
+    def __init__(self, group: ProcessGroup | None, num_experts: int, num_max_tokens_per_rank: int, num_topk: int, hidden: int,
+                 intermediate_hidden: int, use_fp8_dispatch: bool = True, activation: str = "swiglu",
+                 fused: bool = False, num_experts_per_wave: int | None = None,
+                 l2_act_sf_gran_k: int | None = None, *, accumulation: str = "per-block"):
         _dispatch_and_activation(use_fp8_dispatch, activation)
         if num_experts_per_wave is not None and (
                 not isinstance(num_experts_per_wave, int) or num_experts_per_wave == 0
@@ -139,10 +151,12 @@ class SymmBuffer:
         self.num_experts_per_wave = num_experts_per_wave
         self._kind = "fused" if fused else "split"
         self._gran = l2_act_sf_gran_k
+        self._accumulation = accumulation
         # Every shape rule, as a ValueError naming the argument, before anything is allocated.
         size = 1 if group is None else _world_size(group)
         _megamoe.get_symm_buffer_size(size, num_experts, num_max_tokens_per_rank, num_topk,
-                                      hidden, intermediate_hidden, self._kind, l2_act_sf_gran_k)
+                                      hidden, intermediate_hidden, self._kind, l2_act_sf_gran_k,
+                                      accumulation=accumulation)
         self.num_ranks = size
         th = torch()
         offsets, staging = _staging_layout(num_max_tokens_per_rank, num_topk, hidden)
@@ -159,17 +173,17 @@ class SymmBuffer:
         self._weights = None
         self._passed = (None, None, ())
 
-    def destroy(self):
+    def destroy(self) -> None:
         """Frees the staging tensors and the layer."""
         self.layer = self._weights = self._staging = None
         self._passed = (None, None, ())
         self.buffer = self.x = self.x_sf = self.topk_idx = self.topk_weights = None
         self.group = None
 
-    def _versions(self):
+    def _versions(self) -> tuple[int, ...]:
         return tuple(t._version for t in self._passed[2])
 
-    def _layer_for(self, clamp, l1_weights, l2_weights):
+    def _layer_for(self, clamp: float | None, l1_weights: Weights, l2_weights: Weights) -> MoELayer:
         """The layer with SwiGLU clamp ``clamp`` holding these weights (built and loaded when
         either differs from the last call's)."""
         if (self.layer is not None and l1_weights is self._passed[0]
@@ -195,9 +209,11 @@ class SymmBuffer:
                     self.intermediate_hidden, self._kind, self._gran, clamp)
             self.layer = None  # its memory first
             self.layer = (
-                MoELayer.of_rank(0, self._staging_device, lambda mine: [mine], 1, *args)
+                MoELayer.of_rank(0, self._staging_device, lambda mine: [mine], 1, *args,
+                                 accumulation=self._accumulation)
                 if self.num_ranks == 1
-                else MoELayer.for_process_group(*args, process_group=self.group))
+                else MoELayer.for_process_group(*args, process_group=self.group,
+                                                accumulation=self._accumulation))
             self._clamp = clamp
         self._weights = None
         self.layer.load_weights(w1, s1, w2, s2)
@@ -207,36 +223,45 @@ class SymmBuffer:
         return self.layer
 
 
-def _world_size(group):
+def _world_size(group: ProcessGroup) -> int:
     import torch.distributed as dist
 
     return dist.get_world_size(group)
 
 
-def _pair(name, weights):
+def _pair(name: str, weights: Weights) -> Weights:
     if not isinstance(weights, (tuple, list)) or len(weights) != 2:
         raise ValueError(f"{name}: expected a tuple (weights, scale factors)")
     return weights
 
 
-def get_symm_buffer_for_mega_moe(group, num_experts, num_max_tokens_per_rank, num_topk, hidden,
-                                 intermediate_hidden, use_fp8_dispatch=True, activation="swiglu",
-                                 fused=False, num_experts_per_wave=None, l2_act_sf_gran_k=None):
+def get_symm_buffer_for_mega_moe(group: ProcessGroup | None, num_experts: int, num_max_tokens_per_rank: int, num_topk: int,
+                                 hidden: int, intermediate_hidden: int, use_fp8_dispatch: bool = True,
+                                 activation: str = "swiglu", fused: bool = False,
+                                 num_experts_per_wave: int | None = None,
+                                 l2_act_sf_gran_k: int | None = None, *,
+                                 accumulation: str = "per-block") -> SymmBuffer:
     """The :class:`SymmBuffer` of this process's rank of ``group``, its capacity rounded up to
     :func:`get_token_alignment_for_mega_moe`. ``fused``: megamoe's fused layer (True) or its
     split layer (False, DeepGEMM's default; see the module's notes); ``l2_act_sf_gran_k``: columns
     per scale of the intermediate (64 or 128; None: the shape rule); ``num_experts_per_wave``:
     DeepGEMM's ring sizing (None, -1 or N), accepted and checked; megamoe's ring follows its own
-    rule, and results do not depend on it. Bad arguments raise ValueError naming them."""
+    rule, and results do not depend on it. ``accumulation`` (megamoe's keyword-only addition to
+    DeepGEMM's signature):
+    "per-block" (the default, SPEC §3: error flat in the hidden size) or "rescaled" (the running
+    sum kept in the tensor cores' accumulator, as DeepGEMM's fused kernel does: faster, its
+    error growing with the hidden size; see :class:`megamoe.MoELayer`). Bad arguments raise
+    ValueError naming them."""
     if not isinstance(num_max_tokens_per_rank, int) or num_max_tokens_per_rank < 0:
         raise ValueError(f"num_max_tokens_per_rank: {num_max_tokens_per_rank!r} must be a count")
     align = get_token_alignment_for_mega_moe()
     capacity = (num_max_tokens_per_rank + align - 1) // align * align
     return SymmBuffer(group, num_experts, capacity, num_topk, hidden, intermediate_hidden,
-                      use_fp8_dispatch, activation, fused, num_experts_per_wave, l2_act_sf_gran_k)
+                      use_fp8_dispatch, activation, fused, num_experts_per_wave, l2_act_sf_gran_k,
+                      accumulation=accumulation)
 
 
-def transform_weights_for_mega_moe(l1_weights, l2_weights):
+def transform_weights_for_mega_moe(l1_weights: Weights, l2_weights: Weights) -> tuple[Weights, Weights]:
     """The weights in the layout :func:`fp8_mega_moe` takes: SPEC §2's, the layout they come in
     (W1's gate rows then up rows; block (128, 128) float scales), returned as they are after
     their dtypes and shapes are checked. DeepGEMM's transforms interleave W1's gate and up rows
@@ -259,14 +284,16 @@ def transform_weights_for_mega_moe(l1_weights, l2_weights):
     return (w1, s1), (w2, s2)
 
 
-def transform_weights_for_mega_moe_sm90(l1_weights, l2_weights):
+def transform_weights_for_mega_moe_sm90(l1_weights: Weights, l2_weights: Weights) -> tuple[Weights, Weights]:
     """DeepGEMM's SM90 name of :func:`transform_weights_for_mega_moe` (the same layout)."""
     return transform_weights_for_mega_moe(l1_weights, l2_weights)
 
 
-def fp8_mega_moe(y, l1_weights, l2_weights, sym_buffer, cumulative_local_expert_recv_stats=None,
-                 recipe=(128, 128, 128), activation="swiglu", activation_clamp=None,
-                 fast_math=True, num_tokens_bound=None):
+def fp8_mega_moe(y: Tensor, l1_weights: Weights, l2_weights: Weights, sym_buffer: SymmBuffer,
+                 cumulative_local_expert_recv_stats: Tensor | None = None,
+                 recipe: tuple[int, int, int] = (128, 128, 128), activation: str = "swiglu",
+                 activation_clamp: float | None = None, fast_math: bool = True,
+                 num_tokens_bound: int | None = None) -> None:
     """y = the MoE layer of the first T = ``y.shape[0]`` rows staged in ``sym_buffer`` (``x``,
     ``x_sf``, ``topk_idx``, ``topk_weights``), on the current CUDA stream. ``y``: bfloat16
     [T, H] on this rank's device, written. ``l1_weights``, ``l2_weights``: (weights, scale
@@ -296,15 +323,15 @@ def fp8_mega_moe(y, l1_weights, l2_weights, sym_buffer, cumulative_local_expert_
     th = torch()
     layer = sym_buffer._layer_for(activation_clamp, l1_weights, l2_weights)
     device = sym_buffer._device
-    h, k = sym_buffer.hidden, sym_buffer.num_topk
-    y_ptr = address("y", y, th.bfloat16, (None, h), device)
+    h = sym_buffer.hidden
+    y_ptr = check_tensor("y", y, th.bfloat16, (None, h), device)
     tokens = y.shape[0]
     if tokens > sym_buffer.num_max_tokens_per_rank:
         raise ValueError(f"y: {tokens} tokens exceed num_max_tokens_per_rank "
                          f"{sym_buffer.num_max_tokens_per_rank}")
     stats = cumulative_local_expert_recv_stats
     local_experts = sym_buffer.num_experts // layer.num_ranks
-    stats_ptr = None if stats is None else address(
+    stats_ptr = None if stats is None else check_tensor(
         "cumulative_local_expert_recv_stats", stats, th.int32, (local_experts,), device)
     x, x_sf, topk_idx, topk_weights = sym_buffer._staging
     staged = (tokens, x, x_sf, topk_idx, True, topk_weights, y_ptr)

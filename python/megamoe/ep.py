@@ -6,10 +6,11 @@ A :class:`Buffer` holds this process's ranks of an expert-parallel world of ``nu
 GPUs; several ranks on one GPU are virtual ranks, for correctness), or the one rank of this
 process in a torch.distributed group, one process per rank as torchrun launches them
 (``Buffer.for_process_group(...)``: peers' buffers mapped over CUDA IPC; every process makes the
-same calls in the same order). Every per-rank argument is a list with one tensor per rank of
-``Buffer.ranks``, on that rank's GPU (a tensor alone where the buffer holds one rank), and every
-per-rank result a list in the same order: with one process per rank, ``[x]`` or ``x`` in,
-one-element lists out.
+same calls in the same order). :func:`dispatch_with_permute` and :func:`combine_with_unpermute`
+take and return this process's one rank's tensors; a buffer of several ranks here runs through
+:func:`dispatch_with_permute_ranks` and :func:`combine_with_unpermute_ranks`, whose every per-rank
+argument and result is a list with one tensor per rank of ``Buffer.ranks``, each on that rank's
+GPU.
 
 - :func:`dispatch_with_permute` sends every token's row to the ranks owning its experts, grouped
   by local expert, ordered by (source rank, token), each expert's segment zero-padded to
@@ -39,14 +40,21 @@ input (nothing is written before the checks pass), ``RuntimeError`` when no GPU 
 the device fails.
 """
 
+from __future__ import annotations
+
 import ctypes
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+import warnings
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
 from . import _megamoe
 from ._dist import process_rank
 from ._tensors import torch as _torch
 
 torch = _torch()  # without PyTorch: the ImportError that names it
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 ORDERS = ("per_rank", "exact")
 
@@ -67,8 +75,8 @@ class Buffer:
         num_max_tokens_per_rank: int,
         max_pad_multiple: int = 128,
         dtype: str = "bf16",
-        num_sms: Optional[int] = None,
-        deadline_ms: Optional[int] = None,
+        num_sms: int | None = None,
+        deadline_ms: int | None = None,
     ):
         self._attach(
             _megamoe.EpWorld(
@@ -93,10 +101,10 @@ class Buffer:
         num_max_tokens_per_rank: int,
         max_pad_multiple: int = 128,
         dtype: str = "bf16",
-        num_sms: Optional[int] = None,
-        deadline_ms: Optional[int] = None,
-        group=None,
-    ) -> "Buffer":
+        num_sms: int | None = None,
+        deadline_ms: int | None = None,
+        group: ProcessGroup | None = None,
+    ) -> Buffer:
         """This process's rank of a world of one process per rank: rank
         ``dist.get_rank(group)`` of ``dist.get_world_size(group)`` ranks (``group``: a
         torch.distributed process group, the default one when None), on the current CUDA device
@@ -138,7 +146,7 @@ class Buffer:
         self.num_topk = world.num_topk
         self.hidden = world.hidden
         self.dtype = world.dtype
-        self.ranks: List[int] = world.local_ranks
+        self.ranks: list[int] = world.local_ranks
         """The ranks this process holds, in the order of every per-rank list."""
         self.devices = [self.device(r) for r in self.ranks]
         """Each of ``ranks``' GPU."""
@@ -147,11 +155,11 @@ class Buffer:
         """The GPU of rank ``rank`` (one of ``ranks``)."""
         return torch.device("cuda", self.world.device(rank))
 
-    def streams(self) -> List[int]:
+    def streams(self) -> list[int]:
         """Each local rank's device's current torch stream, as the native calls take them."""
         return [torch.cuda.current_stream(d).cuda_stream for d in self.devices]
 
-    def new_handle(self) -> "Handle":
+    def new_handle(self) -> Handle:
         """A routing state to dispatch into; allocates device memory, so make it before
         capturing a graph."""
         return Handle(self.world.new_handle())
@@ -172,31 +180,44 @@ class Handle:
         self.order = "per_rank"
 
     @property
-    def num_tokens(self) -> List[int]:
+    def num_tokens(self) -> list[int]:
         """Tokens per rank of ``Buffer.ranks``."""
         return self.native.num_tokens
 
     @property
-    def num_rows(self) -> List[int]:
+    def num_rows(self) -> list[int]:
         """Rows per rank of ``Buffer.ranks``: exact after a blocking dispatch, the bound after a
         non-blocking one."""
         return self.native.num_rows
 
 
 class Dispatched(NamedTuple):
-    rows: List[torch.Tensor]
-    """Per rank, bf16 ``[rows_r, H]``: the received rows (dequantized on FP8 buffers)."""
-    probs: List[torch.Tensor]
-    """Per rank, f32 ``[rows_r]``: each row's router weight (0 on padding)."""
-    tokens_per_expert: list
-    """Per rank, the padded rows of each local expert: a list of ints, or after a non-blocking
-    dispatch an int32 tensor on the rank's GPU."""
+    """What :func:`dispatch_with_permute` returns for this process's one rank."""
+
+    rows: torch.Tensor
+    """bf16 ``[rows, H]``: the received rows (dequantized on FP8 buffers)."""
+    probs: torch.Tensor
+    """f32 ``[rows]``: each row's router weight (0 on padding)."""
+    tokens_per_expert: list[int] | torch.Tensor
+    """The padded rows of each local expert: a list of ints, or after a non-blocking dispatch an
+    int32 tensor on the rank's GPU."""
     handle: Handle
-    fp8: Optional[List[Tuple[torch.Tensor, torch.Tensor]]]
-    """FP8 buffers: per rank the e4m3 codes ``[rows_r, H]`` and f32 scales ``[rows_r, H/128]``."""
+    fp8: tuple[torch.Tensor, torch.Tensor] | None
+    """FP8 buffers: the e4m3 codes ``[rows, H]`` and f32 scales ``[rows, H/128]``."""
 
 
-def quantize_fp8(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+class DispatchedRanks(NamedTuple):
+    """What :func:`dispatch_with_permute_ranks` returns: :class:`Dispatched`'s fields, each a list
+    with one entry per rank of ``Buffer.ranks`` (the handle is shared)."""
+
+    rows: list[torch.Tensor]
+    probs: list[torch.Tensor]
+    tokens_per_expert: list[list[int] | torch.Tensor]
+    handle: Handle
+    fp8: list[tuple[torch.Tensor, torch.Tensor]] | None
+
+
+def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """e4m3 codes of bf16 ``x`` ``[T, H]`` with one f32 scale per 128 columns
     (scale = max(amax, 1e-4) / 448, codes = x / scale rounded to nearest)."""
     t, h = x.shape
@@ -213,13 +234,30 @@ def dequantize_fp8(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return v.view(n, h).to(torch.bfloat16)
 
 
-def _per_rank(buffer: Buffer, name: str, value) -> List[torch.Tensor]:
-    tensors = [value] if isinstance(value, torch.Tensor) else list(value)
-    if len(tensors) != len(buffer.ranks):
-        raise ValueError(
-            f"{name}: {len(tensors)} tensors for {len(buffer.ranks)} ranks (one per rank of buffer.ranks)"
-        )
-    return tensors
+def _per_rank(buffer: Buffer, name: str, value: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """``value``, a list with one tensor per rank of ``buffer.ranks``."""
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"{name}: expected a list of tensors, one per rank of buffer.ranks, got {type(value).__name__}")
+    if len(value) != len(buffer.ranks):
+        raise ValueError(f"{name}: {len(value)} tensors for {len(buffer.ranks)} ranks (one per rank of buffer.ranks)")
+    return list(value)
+
+
+def _one_rank(buffer: Buffer, call: str) -> None:
+    """The calls that take one rank's tensors need a buffer of one rank in this process."""
+    if len(buffer.ranks) != 1:
+        raise ValueError(f"buffer: holds ranks {buffer.ranks} in this process; {call}_ranks takes a list "
+                         "with one tensor per rank")
+
+
+def _lists_deprecated(call: str, *values) -> bool:
+    """Whether a one-rank call was passed lists (per-rank values, the ``_ranks`` call's
+    arguments); warns that they moved there."""
+    if not any(isinstance(v, (list, tuple)) for v in values):
+        return False
+    warnings.warn(f"{call} with one list per argument is renamed {call}_ranks; {call} takes this "
+                  "process's one rank's tensors", DeprecationWarning, stacklevel=3)
+    return True
 
 
 def _order(order: str) -> str:
@@ -233,8 +271,17 @@ def _empty(buffer: Buffer, i: int, shape, dtype) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=buffer.devices[i])
 
 
-def run_dispatch(buffer: Buffer, handle: Handle, x, x_scales, topk_idx, probs, pad_multiple, num_rows_bound,
-                 codes=None):
+def run_dispatch(
+    buffer: Buffer,
+    handle: Handle,
+    x: list[torch.Tensor],
+    x_scales: list[torch.Tensor] | None,
+    topk_idx: list[torch.Tensor],
+    probs: list[torch.Tensor],
+    pad_multiple: int,
+    num_rows_bound: int | None,
+    codes: list[torch.Tensor] | None = None,
+) -> tuple[list[torch.Tensor], list[torch.Tensor] | None, list[torch.Tensor], list]:
     """The dispatch into ``handle`` and the copy of its results out, without autograd (the
     calls :func:`dispatch_with_permute` and the compatibility layers make). Per local rank:
     ``x`` (bf16, or e4m3 with f32 ``x_scales`` on FP8 buffers), int32 ``topk_idx`` and f32
@@ -267,7 +314,14 @@ def run_dispatch(buffer: Buffer, handle: Handle, x, x_scales, topk_idx, probs, p
     return rows, row_scales, row_probs, handle.native.tokens_per_expert
 
 
-def run_combine(buffer: Buffer, handle: Handle, rows, order: str, prob_grads=None, wait: bool = True):
+def run_combine(
+    buffer: Buffer,
+    handle: Handle,
+    rows: list[torch.Tensor],
+    order: str,
+    prob_grads: list[torch.Tensor] | None = None,
+    wait: bool = True,
+) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
     """The combine of bf16 ``rows`` (per local rank, in ``handle``'s layout) in ``order``,
     without autograd. With ``prob_grads`` (f32 ``[rows_r]``) it is the dispatch's backward and
     the prob gradients are scattered back too. After a blocking dispatch it waits for the call
@@ -283,7 +337,9 @@ def run_combine(buffer: Buffer, handle: Handle, rows, order: str, prob_grads=Non
     return y, grad_probs
 
 
-def run_combine_backward(buffer: Buffer, handle: Handle, grad_y, wait: bool = True):
+def run_combine_backward(
+    buffer: Buffer, handle: Handle, grad_y: list[torch.Tensor], wait: bool = True
+) -> list[torch.Tensor]:
     """The combine's backward without autograd: bf16 ``grad_y`` ``[T_r, H]`` per local rank
     dispatched along ``handle``'s routing (waited for as in :func:`run_combine`); returns the
     bf16 row gradients ``[rows_r, H]``."""
@@ -366,28 +422,48 @@ class _Box:
     def __init__(self, handle: Handle):
         self.handle = handle
         self.tokens_per_expert = None
-        self.fp8: Optional[List[Tuple[torch.Tensor, torch.Tensor]]] = None
+        self.fp8: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
 def dispatch_with_permute(
     buffer: Buffer,
-    x,
-    topk_idx,
-    probs,
+    x: torch.Tensor,
+    topk_idx: torch.Tensor,
+    probs: torch.Tensor,
     pad_multiple: int = 1,
     order: str = "per_rank",
-    num_rows_bound: Optional[int] = None,
-    handle: Optional[Handle] = None,
+    num_rows_bound: int | None = None,
+    handle: Handle | None = None,
 ) -> Dispatched:
-    """Dispatches every rank's tokens to their experts' ranks (see the module's docstring).
+    """Dispatches this process's rank's tokens to their experts' ranks (see the module's
+    docstring), for a buffer of one rank here (one process per rank, or a world of one).
 
-    Per rank: ``x`` bf16 ``[T_r, H]``, ``topk_idx`` ``[T_r, K]`` integer expert ids (-1 masks a
-    slot; int64 is converted), ``probs`` f32 ``[T_r, K]``; lists with one tensor per rank of
-    ``buffer.ranks`` (a tensor alone when the buffer holds one rank, as with one process per
-    rank); the result's fields are lists in the same order. ``order``: how the backward combines the row
-    gradients. ``num_rows_bound``: the non-blocking mode (see the module's docstring);
+    ``x`` bf16 ``[T, H]``, ``topk_idx`` ``[T, K]`` integer expert ids (-1 masks a slot; int64 is
+    converted), ``probs`` f32 ``[T, K]``, on the rank's GPU. ``order``: how the backward combines
+    the row gradients. ``num_rows_bound``: the non-blocking mode (see the module's docstring);
     ``handle``: the routing state to refill (a new one by default). Differentiable in ``x`` and
-    ``probs``."""
+    ``probs``. Lists (one tensor per rank) are :func:`dispatch_with_permute_ranks`' arguments:
+    passing them here still works, with a DeprecationWarning."""
+    if _lists_deprecated("dispatch_with_permute", x, topk_idx, probs):
+        return dispatch_with_permute_ranks(buffer, x, topk_idx, probs, pad_multiple, order, num_rows_bound, handle)
+    _one_rank(buffer, "dispatch_with_permute")
+    d = dispatch_with_permute_ranks(buffer, [x], [topk_idx], [probs], pad_multiple, order, num_rows_bound, handle)
+    return Dispatched(d.rows[0], d.probs[0], d.tokens_per_expert[0], d.handle, None if d.fp8 is None else d.fp8[0])
+
+
+def dispatch_with_permute_ranks(
+    buffer: Buffer,
+    x: Sequence[torch.Tensor],
+    topk_idx: Sequence[torch.Tensor],
+    probs: Sequence[torch.Tensor],
+    pad_multiple: int = 1,
+    order: str = "per_rank",
+    num_rows_bound: int | None = None,
+    handle: Handle | None = None,
+) -> DispatchedRanks:
+    """:func:`dispatch_with_permute` for every rank this process holds (``buffer.ranks``; several
+    for a world of virtual ranks, a test mode): each argument a list with one tensor per rank of
+    ``buffer.ranks``, in that order; the result's fields are lists in the same order."""
     order = _order(order)
     x = _per_rank(buffer, "x", x)
     probs = _per_rank(buffer, "probs", probs)
@@ -395,16 +471,27 @@ def dispatch_with_permute(
     box = _Box(buffer.new_handle() if handle is None else handle)
     out = _Dispatch.apply(buffer, box, idx, pad_multiple, order, num_rows_bound, *x, *probs)
     r = len(buffer.ranks)
-    return Dispatched(list(out[:r]), list(out[r:]), box.tokens_per_expert, box.handle, box.fp8)
+    return DispatchedRanks(list(out[:r]), list(out[r:]), box.tokens_per_expert, box.handle, box.fp8)
 
 
-def combine_with_unpermute(
+def combine_with_unpermute(buffer: Buffer, rows: torch.Tensor, handle: Handle, order: str = "per_rank") -> torch.Tensor:
+    """Sums every token's rows back on this process's rank, unweighted, in ``order`` (see the
+    module's docstring), for a buffer of one rank here. ``rows``: bf16 ``[rows, H]`` in the
+    dispatch's layout (padding rows are not read). Returns bf16 ``[T, H]``. Differentiable in
+    ``rows``. A list (one tensor per rank) is :func:`combine_with_unpermute_ranks`' argument:
+    passing it here still works, with a DeprecationWarning."""
+    if _lists_deprecated("combine_with_unpermute", rows):
+        return combine_with_unpermute_ranks(buffer, rows, handle, order)
+    _one_rank(buffer, "combine_with_unpermute")
+    return combine_with_unpermute_ranks(buffer, [rows], handle, order)[0]
+
+
+def combine_with_unpermute_ranks(
     buffer: Buffer, rows: Sequence[torch.Tensor], handle: Handle, order: str = "per_rank"
-) -> List[torch.Tensor]:
-    """Sums every token's rows back on its rank, unweighted, in ``order`` (see the module's
-    docstring). ``rows``: per rank of ``buffer.ranks`` bf16 ``[rows_r, H]`` in the dispatch's
-    layout (padding rows are not read; a tensor alone where the buffer holds one rank). Returns
-    a list of bf16 ``[T_r, H]`` in the same order. Differentiable in ``rows``."""
+) -> list[torch.Tensor]:
+    """:func:`combine_with_unpermute` for every rank this process holds: ``rows`` a list with one
+    bf16 ``[rows_r, H]`` per rank of ``buffer.ranks``; returns the list of bf16 ``[T_r, H]`` in
+    the same order."""
     order = _order(order)
     return list(_Combine.apply(buffer, handle, order, *_per_rank(buffer, "rows", rows)))
 
@@ -419,7 +506,7 @@ def reference(
     prob_grads: Sequence[torch.Tensor],
     grad_y: Sequence[torch.Tensor],
     order: str,
-    x_scales: Optional[Sequence[torch.Tensor]] = None,
+    x_scales: Sequence[torch.Tensor] | None = None,
 ) -> dict:
     """megamoe-core's CPU reference of dispatch (of ``x``, or of e4m3 ``x`` with ``x_scales``),
     combine of ``rows`` in ``order``, dispatch's backward of (``rows``, ``prob_grads``) and
@@ -475,7 +562,7 @@ class SymmetricMemory:
     handles of ``cuMemAlloc`` memory, exchanged with ``all_gather_object``. Raises
     RuntimeError, naming both ranks, when this GPU has no peer access to a peer's GPU."""
 
-    def __init__(self, nbytes: int, group=None, device: Optional[int] = None):
+    def __init__(self, nbytes: int, group: ProcessGroup | None = None, device: int | None = None):
         import torch.distributed as dist
 
         device = torch.cuda.current_device() if device is None else device

@@ -16,11 +16,20 @@ to the host to check it (E values), prepares the launch (tensor maps, module loa
 use the Rust API) and returns once ``out`` is written.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from . import _megamoe
-from ._tensors import address, stream, torch
+from ._megamoe import check_tensor
+from ._tensors import stream, torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
-def _call(a, a_scales, b, b_scales, expert_rows, out, pad, masked):
+def _call(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, expert_rows: Tensor, out: Tensor,
+          pad: int | None, masked: bool) -> None:
     """Checks the operands of either layout, then runs the GEMM."""
     th = torch()
     if not isinstance(b, th.Tensor) or b.dim() != 3 or not b.is_cuda:
@@ -39,25 +48,27 @@ def _call(a, a_scales, b, b_scales, expert_rows, out, pad, masked):
     if kg == 0 or k % kg or k // kg not in (64, 128):
         raise ValueError(f"a_scales: {kg} scale groups over K = {k} are not groups of 128 or 64 columns")
     ptrs = (
-        address("a", a, th.float8_e4m3fn, shapes[0], device),
-        address("a_scales", a_scales, th.float32, shapes[1], device),
-        address("b", b, th.float8_e4m3fn, (e, n, k), device),
-        address("b_scales", b_scales, th.float32, (e, n // 128, k // 128), device),
-        address("expert_rows", expert_rows, th.int32, (e,), device),
-        address("out", out, (th.bfloat16, th.float32), shapes[2], device),
+        check_tensor("a", a, th.float8_e4m3fn, shapes[0], device),
+        check_tensor("a_scales", a_scales, th.float32, shapes[1], device),
+        check_tensor("b", b, th.float8_e4m3fn, (e, n, k), device),
+        check_tensor("b_scales", b_scales, th.float32, (e, n // 128, k // 128), device),
+        check_tensor("expert_rows", expert_rows, th.int32, (e,), device),
+        check_tensor("out", out, (th.bfloat16, th.float32), shapes[2], device),
     )
     layout = (None, rows) if masked else (pad, None)  # (pad, max_m)
     _megamoe.grouped_gemm(e, n, k, k // kg, 0 if masked else rows, *layout,
                           out.dtype == th.float32, *ptrs, device, stream(device))
 
 
-def grouped_gemm_fp8_contiguous(a, a_scales, b, b_scales, expert_rows, out, pad=128):
+def grouped_gemm_fp8_contiguous(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, expert_rows: Tensor,
+                                out: Tensor, pad: int = 128) -> None:
     """out = a · bᵀ per expert segment, in the contiguous layout (module docstring); ``pad``
     (64 or 128) the multiple every segment is padded to."""
     _call(a, a_scales, b, b_scales, expert_rows, out, pad, masked=False)
 
 
-def grouped_gemm_fp8_masked(a, a_scales, b, b_scales, expert_rows, out):
+def grouped_gemm_fp8_masked(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, expert_rows: Tensor,
+                            out: Tensor) -> None:
     """out = a · bᵀ per expert, the first ``expert_rows[e]`` rows of each, in the masked layout
     (module docstring)."""
     _call(a, a_scales, b, b_scales, expert_rows, out, None, masked=True)

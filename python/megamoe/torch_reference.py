@@ -10,28 +10,31 @@ exponential is torch's f64 one rounded to f32; a flipped e4m3 code of the interm
 moves one output a little. SPEC's accuracy contract (diff <= 1e-4) covers this with a wide margin.
 """
 
+from __future__ import annotations
+
 import torch
+from torch import Tensor
 
 E4M3_MAX = 448.0
 INPUT_FLOOR = 1e-4  # inputs and weights
 INTERMEDIATE_FLOOR = 1e-10
 
 
-def diff(x, y):
+def diff(x: Tensor, y: Tensor) -> float:
     """SPEC's diff(x, y) = Σ(x−y)² / Σ(x²+y²) in f64 (0 when both are all zero)."""
     x, y = x.double(), y.double()
     den = (x * x + y * y).sum().item()
     return 0.0 if den == 0 else ((x - y) ** 2).sum().item() / den
 
 
-def _scale_and_inverse(amax, floor):
+def _scale_and_inverse(amax: Tensor, floor: float) -> tuple[Tensor, Tensor]:
     """sf = max(amax, floor) / 448 and 1 / sf, each one f32 division of two tensors: torch's
     CUDA division by a Python number multiplies by its reciprocal instead (one rounding more)."""
     sf = amax.clamp_min(floor) / torch.full_like(amax, E4M3_MAX)
     return sf, torch.ones_like(sf) / sf
 
 
-def quantize(v, group, floor):
+def quantize(v: Tensor, group: int, floor: float) -> tuple[Tensor, Tensor]:
     """e4m3 codes and f32 scales of v [rows, cols] per `group` contiguous columns:
     sf = max(amax, floor) / 448, q = e4m3(v · (1/sf)), round-to-nearest-even, saturating."""
     rows, cols = v.shape
@@ -42,7 +45,7 @@ def quantize(v, group, floor):
     return q.reshape(rows, cols), sf
 
 
-def quantize_weights(w):
+def quantize_weights(w: Tensor) -> tuple[Tensor, Tensor]:
     """e4m3 codes and f32 scales of w [E, N, K] per 128 x 128 block (floor 1e-4)."""
     e, n, k = w.shape
     b = w.float().reshape(e, n // 128, 128, k // 128, 128)
@@ -52,7 +55,7 @@ def quantize_weights(w):
     return q.reshape(e, n, k), sf
 
 
-def block_gemm(qa, sa, qb, sb, group):
+def block_gemm(qa: Tensor, sa: Tensor, qb: Tensor, sb: Tensor, group: int) -> Tensor:
     """f32 [M, N] of e4m3 values qa [M, K] (scales sa [M, K/group]) times e4m3 values qbᵀ, qb
     [N, K] (scales sb [N/128, K/128]), each held in an e4m3 or wider float tensor: each group's
     products summed exactly (f64: every product is a multiple of 2^-18 below 2^18, a group's sum
@@ -73,7 +76,7 @@ def block_gemm(qa, sa, qb, sb, group):
     return acc
 
 
-def swiglu(h, weight, clamp):
+def swiglu(h: Tensor, weight: Tensor, clamp: float | None) -> Tensor:
     """a = silu(g) · u · weight with g, u the two halves of h [M, 2I] (f32 throughout), g
     clamped from above and u on both sides by `clamp` when given."""
     i = h.shape[1] // 2
@@ -85,7 +88,8 @@ def swiglu(h, weight, clamp):
     return silu * u * weight[:, None]
 
 
-def moe_forward(x, topk_idx, topk_weights, w1, s1, w2, s2, group, clamp=None):
+def moe_forward(x: Tensor | tuple[Tensor, Tensor], topk_idx: Tensor, topk_weights: Tensor, w1: Tensor, s1: Tensor, w2: Tensor,
+                s2: Tensor, group: int, clamp: float | None = None) -> Tensor:
     """y bf16 [T, H] of the layer (SPEC §3) on every token of x: bf16 [T, H], or an e4m3 tuple
     (codes [T, H], f32 scales [T, H/128]); topk_idx [T, K] (-1 masked); topk_weights f32 [T, K];
     the weights of all E experts in SPEC §2's layouts; `group` the intermediate's scale group."""
@@ -113,7 +117,8 @@ def moe_forward(x, topk_idx, topk_weights, w1, s1, w2, s2, group, clamp=None):
     return y.bfloat16()
 
 
-def random_batch(tokens, hidden, experts, topk, masked=0.0, generator=None, device="cuda"):
+def random_batch(tokens: int, hidden: int, experts: int, topk: int, masked: float = 0.0,
+                 generator: torch.Generator | None = None, device: str = "cuda") -> tuple[Tensor, Tensor, Tensor]:
     """x bf16 [T, H], topk_idx int64 [T, K] (distinct experts per token, a share `masked` of
     the slots -1), topk_weights f32 [T, K]."""
     gen = dict(generator=generator, device=device)
@@ -124,7 +129,8 @@ def random_batch(tokens, hidden, experts, topk, masked=0.0, generator=None, devi
     return x, idx, weights
 
 
-def random_weights(experts, hidden, inter, generator=None, device="cuda"):
+def random_weights(experts: int, hidden: int, inter: int, generator: torch.Generator | None = None,
+                   device: str = "cuda") -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(w1, s1, w2, s2): seeded FP8 experts in SPEC §2's layouts."""
     gen = dict(generator=generator, device=device)
     w1 = torch.randn(experts, 2 * inter, hidden, **gen) / hidden ** 0.5

@@ -113,6 +113,13 @@ def test_group_and_clamp_are_taken():
     assert megamoe.get_symm_buffer_size(**flash(clamp=10.0)) == megamoe.get_symm_buffer_size(**flash())
 
 
+def test_the_accumulation_does_not_change_the_sizes():
+    for kind in ["fused", "split"]:
+        base = megamoe.get_symm_buffer_size(**flash(kind=kind))
+        for accumulation in ["per-block", "rescaled"]:
+            assert megamoe.get_symm_buffer_size(**flash(kind=kind), accumulation=accumulation) == base
+
+
 @pytest.mark.parametrize(
     "kw, arg",
     [
@@ -130,6 +137,8 @@ def test_group_and_clamp_are_taken():
         (dict(clamp=-1.0), "clamp"),
         (dict(clamp=float("nan")), "clamp"),
         (dict(kind="both"), "kind"),
+        (dict(accumulation="fast"), "accumulation"),
+        (dict(accumulation="per_block"), "accumulation"),
     ],
 )
 def test_bad_arguments_raise_value_error_naming_them(kw, arg):

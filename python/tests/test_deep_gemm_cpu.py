@@ -1,6 +1,7 @@
 """megamoe.deep_gemm without a GPU: its entry points have DeepGEMM's signatures (a list recorded
 from DeepGEMM's ``deep_gemm/mega/__init__.py`` and ``csrc/apis/mega.hpp`` on its SM90 line, with
-the fused kernel's keywords), bad arguments are ValueErrors naming them before anything is
+the fused kernel's keywords; megamoe adds keyword-only ones after them), bad arguments are
+ValueErrors naming them before anything is
 allocated, and the native API's renamed scale-granularity keyword (``group`` ->
 ``scale_granularity``) still takes the old name with a DeprecationWarning."""
 
@@ -30,6 +31,9 @@ DEEPGEMM = {
         ("activation", "swiglu"), ("activation_clamp", None), ("fast_math", True),
         ("num_tokens_bound", None)],
 }
+# megamoe's keyword-only additions, name -> [(parameter, default)]: DeepGEMM's calls (positional or
+# by keyword) never reach them.
+MEGAMOE_KEYWORDS = {"get_symm_buffer_for_mega_moe": [("accumulation", "per-block")]}
 # Its buffer class's constructor (megamoe's takes the fused buffer's keywords after these).
 SYMM_BUFFER = [
     ("group", E), ("num_experts", E), ("num_max_tokens_per_rank", E), ("num_topk", E),
@@ -44,14 +48,17 @@ NATIVE = {
 }
 
 
-def params(fn, skip_self=False):
+def params(fn, skip_self=False, keyword_only=False):
     ps = list(inspect.signature(fn).parameters.values())
-    return [(p.name, p.default) for p in ps[1 if skip_self else 0:]]
+    return [(p.name, p.default) for p in ps[1 if skip_self else 0:]
+            if (p.kind == p.KEYWORD_ONLY) == keyword_only]
 
 
 @pytest.mark.parametrize("name", sorted(DEEPGEMM))
 def test_the_entry_points_have_deepgemms_signatures(name):
-    assert params(getattr(deep_gemm, name)) == DEEPGEMM[name]
+    fn = getattr(deep_gemm, name)
+    assert params(fn) == DEEPGEMM[name]
+    assert params(fn, keyword_only=True) == MEGAMOE_KEYWORDS.get(name, [])
 
 
 def test_the_buffer_takes_deepgemms_arguments_first():
@@ -59,6 +66,8 @@ def test_the_buffer_takes_deepgemms_arguments_first():
     assert got[:len(SYMM_BUFFER)] == SYMM_BUFFER
     assert [n for n, _ in got[len(SYMM_BUFFER):]] == [
         "fused", "num_experts_per_wave", "l2_act_sf_gran_k"]
+    assert params(deep_gemm.SymmBuffer.__init__, keyword_only=True) == [
+        ("accumulation", "per-block")]
 
 
 @pytest.mark.parametrize("name", sorted(NATIVE))
@@ -86,6 +95,7 @@ BAD_BUFFERS = [
     (dict(hidden=100), "hidden"),
     (dict(num_topk=17), "num_topk"),
     (dict(num_max_tokens_per_rank=-1), "num_max_tokens_per_rank"),
+    (dict(accumulation="Rescaled"), '^accumulation: "Rescaled" must be'),
 ]
 
 
@@ -136,6 +146,12 @@ def test_the_layer_takes_the_old_keyword_with_a_warning(build):
     # A bad granularity is named by its new name.
     with pytest.raises(ValueError, match="scale_granularity"):
         getattr(megamoe, build)(1, 16, 64, 4, 256, 128, scale_granularity=96)
+
+
+@pytest.mark.parametrize("build", ["MoELayer", "get_symm_buffer_for_mega_moe"])
+def test_a_bad_accumulation_is_a_value_error_naming_it(build):
+    with pytest.raises(ValueError, match='^accumulation: "fast" must be "per-block" or "rescaled"'):
+        getattr(megamoe, build)(1, 16, 64, 4, 256, 128, accumulation="fast")
 
 
 @pytest.mark.skipif(not HAS_TORCH, reason="the transforms take torch tensors")

@@ -87,10 +87,10 @@ def test_forward_and_backward_bitwise_against_the_cpu_reference(ranks, dtype, or
     probs = [p.to(dev[r]).requires_grad_() for r, (_, p) in enumerate(route)]
     pad = 16
 
-    d = ep.dispatch_with_permute(b, x, idx, probs, pad, order)
+    d = ep.dispatch_with_permute_ranks(b, x, idx, probs, pad, order)
     # Combine input, which is also the row gradient of dispatch's backward.
     rows = [torch.randn(n, HIDDEN, generator=g).to(torch.bfloat16).to(dev[r]).requires_grad_() for r, n in enumerate(d.handle.num_rows)]
-    y = ep.combine_with_unpermute(b, rows, d.handle, order)
+    y = ep.combine_with_unpermute_ranks(b, rows, d.handle, order)
     grad_y = [torch.randn(TOKENS, HIDDEN, generator=g).to(torch.bfloat16).to(dev[r]) for r in range(ranks)]
     torch.autograd.backward(y, grad_y)
     grad_row_probs = [torch.rand(n, generator=g).to(dev[r]) for r, n in enumerate(d.handle.num_rows)]
@@ -136,7 +136,7 @@ def test_gradients_match_torch_autograd_of_the_same_math(order):
     probs = [p.to(dev).requires_grad_() for _, p in route]
     gy = [torch.randn(TOKENS, HIDDEN, generator=g).to(dev) for _ in range(ranks)]
 
-    d = ep.dispatch_with_permute(b, x, idx, probs, 16, order)
+    d = ep.dispatch_with_permute_ranks(b, x, idx, probs, 16, order)
     local = EXPERTS // ranks
     out = []
     for r in range(ranks):
@@ -144,7 +144,7 @@ def test_gradients_match_torch_autograd_of_the_same_math(order):
             torch.arange(local, device=dev) + r * local, torch.tensor(d.tokens_per_expert[r], device=dev)
         )
         out.append((d.rows[r].float() * w[expert] * d.probs[r].unsqueeze(1)).to(torch.bfloat16))
-    y = ep.combine_with_unpermute(b, out, d.handle, order)
+    y = ep.combine_with_unpermute_ranks(b, out, d.handle, order)
     sum((yr.float() * g).sum() for yr, g in zip(y, gy)).backward()
     got = [t.detach() for t in y] + [t.grad for t in x] + [t.grad for t in probs] + [w.grad]
 
@@ -187,24 +187,24 @@ def test_bad_arguments_are_value_errors_naming_the_argument():
     idx = [i.to(dev) for i, _ in route]
     probs = [p.to(dev) for _, p in route]
     with pytest.raises(ValueError, match=r"x\[1\]: dtype torch.float32"):
-        ep.dispatch_with_permute(b, [x[0], x[1].float()], idx, probs)
+        ep.dispatch_with_permute_ranks(b, [x[0], x[1].float()], idx, probs)
     with pytest.raises(ValueError, match=r"x\[0\]: .*not contiguous"):
-        ep.dispatch_with_permute(b, [x[0].t().contiguous().t(), x[1]], idx, probs)
+        ep.dispatch_with_permute_ranks(b, [x[0].t().contiguous().t(), x[1]], idx, probs)
     with pytest.raises(ValueError, match=r"x: 1 tensors for 2 ranks"):
-        ep.dispatch_with_permute(b, x[:1], idx, probs)
+        ep.dispatch_with_permute_ranks(b, x[:1], idx, probs)
     with pytest.raises(ValueError, match=r"probs\[0\]: shape"):
-        ep.dispatch_with_permute(b, x, idx, [probs[0][:, :2].contiguous(), probs[1]])
+        ep.dispatch_with_permute_ranks(b, x, idx, [probs[0][:, :2].contiguous(), probs[1]])
     with pytest.raises(ValueError, match=r"order"):
-        ep.dispatch_with_permute(b, x, idx, probs, order="sum")
+        ep.dispatch_with_permute_ranks(b, x, idx, probs, order="sum")
     bad = idx[1].clone()
     bad[5, 1] = EXPERTS
     with pytest.raises(ValueError, match=r"rank 1: .*topk_idx"):
-        ep.dispatch_with_permute(b, x, [idx[0], bad], probs)
+        ep.dispatch_with_permute_ranks(b, x, [idx[0], bad], probs)
     # The buffer is still usable, and a handle only serves its own buffer.
-    d = ep.dispatch_with_permute(b, x, idx, probs)
+    d = ep.dispatch_with_permute_ranks(b, x, idx, probs)
     other = buffer(2, "fp8")
     with pytest.raises(ValueError, match="handle"):
-        ep.combine_with_unpermute(other, d.rows, d.handle)
+        ep.combine_with_unpermute_ranks(other, d.rows, d.handle)
 
 
 def _graph_inputs(ranks, seed, dev):
@@ -224,20 +224,20 @@ def test_graph_mode_replays_a_captured_dispatch_and_combine_on_new_inputs():
     handle = b.new_handle()
     with torch.no_grad():
         # Warm-up outside the capture (kernel attributes are set on first launch).
-        ep.dispatch_with_permute(b, x, idx, probs, pad, num_rows_bound=bound, handle=handle)
+        ep.dispatch_with_permute_ranks(b, x, idx, probs, pad, num_rows_bound=bound, handle=handle)
         b.sync()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            d = ep.dispatch_with_permute(b, x, idx, probs, pad, num_rows_bound=bound, handle=handle)
-            y = ep.combine_with_unpermute(b, d.rows, d.handle)
+            d = ep.dispatch_with_permute_ranks(b, x, idx, probs, pad, num_rows_bound=bound, handle=handle)
+            y = ep.combine_with_unpermute_ranks(b, d.rows, d.handle)
         for seed in (12, 13):
             for static, new in zip((x, idx, probs), _graph_inputs(ranks, seed, dev)):
                 for a, c in zip(static, new):
                     a.copy_(c)
             graph.replay()
             b.sync()
-            want = ep.dispatch_with_permute(b, x, idx, probs, pad)
-            want_y = ep.combine_with_unpermute(b, want.rows, want.handle)
+            want = ep.dispatch_with_permute_ranks(b, x, idx, probs, pad)
+            want_y = ep.combine_with_unpermute_ranks(b, want.rows, want.handle)
             for r in range(ranks):
                 assert d.tokens_per_expert[r].tolist() == want.tokens_per_expert[r]
                 n = want.handle.num_rows[r]
@@ -246,13 +246,37 @@ def test_graph_mode_replays_a_captured_dispatch_and_combine_on_new_inputs():
             same_bits(f"replay {seed}: combined y", y, want_y)
 
 
+def test_calls_of_one_rank_take_and_return_tensors():
+    b = buffer(1, "bf16")
+    x, idx, probs = _graph_inputs(1, 21, b.device(0))
+    d = ep.dispatch_with_permute(b, x[0], idx[0], probs[0], 16)
+    y = ep.combine_with_unpermute(b, d.rows, d.handle)
+    assert all(isinstance(t, torch.Tensor) for t in (d.rows, d.probs, y))
+    want = ep.dispatch_with_permute_ranks(b, x, idx, probs, 16)
+    want_y = ep.combine_with_unpermute_ranks(b, want.rows, want.handle)
+    assert d.tokens_per_expert == want.tokens_per_expert[0]
+    same_bits("rows", [d.rows, d.probs, y], [want.rows[0], want.probs[0], want_y[0]])
+    # Lists, the per-rank calls' arguments, still work here with a warning, and give lists.
+    with pytest.warns(DeprecationWarning, match="dispatch_with_permute_ranks"):
+        old = ep.dispatch_with_permute(b, x, idx, probs, 16)
+    with pytest.warns(DeprecationWarning, match="combine_with_unpermute_ranks"):
+        old_y = ep.combine_with_unpermute(b, old.rows, old.handle)
+    same_bits("lists", old.rows + old_y, want.rows + want_y)
+    two = buffer(2, "bf16")
+    x2, idx2, probs2 = _graph_inputs(2, 22, two.device(0))
+    with pytest.raises(ValueError, match=r"^buffer: holds ranks \[0, 1\] .*dispatch_with_permute_ranks"):
+        ep.dispatch_with_permute(two, x2[0], idx2[0], probs2[0])
+    with pytest.raises(ValueError, match=r"^x: expected a list of tensors"):
+        ep.dispatch_with_permute_ranks(two, x2[0], idx2, probs2)
+
+
 def test_graph_mode_overflow_is_raised_by_the_next_sync():
     b = buffer(2, "bf16")
     x, idx, probs = _graph_inputs(2, 14, b.device(0))
-    ep.dispatch_with_permute(b, x, idx, probs, 16, num_rows_bound=100)
+    ep.dispatch_with_permute_ranks(b, x, idx, probs, 16, num_rows_bound=100)
     with pytest.raises(ValueError, match="num_rows_bound: rank .* needs .* rows, the bound is 100"):
         b.sync()
-    d = ep.dispatch_with_permute(b, x, idx, probs, 16)
+    d = ep.dispatch_with_permute_ranks(b, x, idx, probs, 16)
     assert sum(d.handle.num_rows) == sum(sum(t) for t in d.tokens_per_expert)
 
 

@@ -70,8 +70,8 @@ def output(case, kind, ranks):
             y = layer.forward(x, idx, w)
         else:
             # int32 ids here, torch.topk's int64 at R = 1: both are taken.
-            y = torch.cat(layer.forward(list(x.split(t)), [s.int() for s in idx.split(t)],
-                                        list(w.split(t))))
+            y = torch.cat(layer.forward_ranks(list(x.split(t)), [s.int() for s in idx.split(t)],
+                                              list(w.split(t))))
         case["outputs"][key] = y
     return case["outputs"][key]
 
@@ -130,7 +130,7 @@ def test_fp8_input_an_empty_rank_and_a_bound(tiny):
     layer, weights, (x, idx, w) = tiny
     qx, sx = ref.quantize(x, 128, ref.INPUT_FLOOR)
     empty = x[:0]
-    y = layer.forward([(qx, sx), empty], [idx, idx[:0]], [w, w[:0]], num_tokens_bound=64)
+    y = layer.forward_ranks([(qx, sx), empty], [idx, idx[:0]], [w, w[:0]], num_tokens_bound=64)
     assert y[1].shape == (0, 256)
     d = ref.diff(y[0], ref.moe_forward(x, idx, w, *weights, group=layer.scale_granularity))
     print(f"tiny fused R=2, e4m3 input, rank 1 empty: diff {d:.2e}")
@@ -140,13 +140,13 @@ def test_fp8_input_an_empty_rank_and_a_bound(tiny):
 @needs_gpu
 def test_forward_waits_for_the_callers_stream(tiny):
     layer, _, (x, idx, w) = tiny
-    want = layer.forward([x, x[:0]], [idx, idx[:0]], [w, w[:0]])
+    want = layer.forward_ranks([x, x[:0]], [idx, idx[:0]], [w, w[:0]])
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         torch.cuda._sleep(100_000_000)  # the inputs are written long after the call is made
         late = x.clone()
-        got = layer.forward([late, x[:0]], [idx, idx[:0]], [w, w[:0]])
+        got = layer.forward_ranks([late, x[:0]], [idx, idx[:0]], [w, w[:0]])
     assert torch.equal(got[0], want[0])
 
 
@@ -159,6 +159,8 @@ def corrupt(x, idx, w, arg):
         x = x.cpu()
     elif arg == "x layout":
         x = x.t().contiguous().t()
+    elif arg == "x alignment":
+        x = torch.cat([x.new_zeros(1), x.flatten()])[1:].view(x.shape)  # starts 2 bytes in
     elif arg == "x tokens":
         x = torch.cat([x, x[:1]])
     elif arg == "topk_idx shape":
@@ -176,25 +178,37 @@ def corrupt(x, idx, w, arg):
 
 
 @needs_gpu
-@pytest.mark.parametrize("bad", ["x dtype", "x device", "x layout", "x tokens", "topk_idx shape",
-                                 "topk_idx range", "topk_idx twice", "topk_idx wide",
-                                 "topk_weights value"])
+@pytest.mark.parametrize("bad", ["x dtype", "x device", "x layout", "x alignment", "x tokens",
+                                 "topk_idx shape", "topk_idx range", "topk_idx twice",
+                                 "topk_idx wide", "topk_weights value"])
 def test_bad_arguments_are_value_errors_naming_them(tiny, bad):
     layer, _, (x, idx, w) = tiny
-    want = layer.forward([x, x[:0]], [idx, idx[:0]], [w, w[:0]])
+    want = layer.forward_ranks([x, x[:0]], [idx, idx[:0]], [w, w[:0]])
     bx, bidx, bw, arg = corrupt(x, idx, w, bad)
     with pytest.raises(ValueError, match=rf"\b{arg}\b"):
-        layer.forward([x[:0], bx], [idx[:0], bidx], [w[:0], bw])
+        layer.forward_ranks([x[:0], bx], [idx[:0], bidx], [w[:0], bw])
     # The layer is unharmed: the same call gives the same bits.
-    assert torch.equal(layer.forward([x, x[:0]], [idx, idx[:0]], [w, w[:0]])[0], want[0])
+    assert torch.equal(layer.forward_ranks([x, x[:0]], [idx, idx[:0]], [w, w[:0]])[0], want[0])
+
+
+@needs_gpu
+def test_lists_passed_to_forward_run_forward_ranks_with_a_deprecation_warning(tiny):
+    layer, _, (x, idx, w) = tiny
+    want = layer.forward_ranks([x, x[:0]], [idx, idx[:0]], [w, w[:0]])
+    with pytest.warns(DeprecationWarning, match="forward_ranks"):
+        got = layer.forward([x, x[:0]], [idx, idx[:0]], [w, w[:0]])
+    assert len(got) == 2 and got[1].shape == (0, 256)
+    assert torch.equal(got[0], want[0])
 
 
 @needs_gpu
 def test_bad_calls_name_what_is_wrong(tiny):
     layer, weights, (x, idx, w) = tiny
     with pytest.raises(ValueError, match="num_tokens_bound"):
-        layer.forward([x, x[:0]], [idx, idx[:0]], [w, w[:0]], num_tokens_bound=10)
+        layer.forward_ranks([x, x[:0]], [idx, idx[:0]], [w, w[:0]], num_tokens_bound=10)
     with pytest.raises(ValueError, match="x: expected a list of 2"):
+        layer.forward_ranks(x, idx, w)
+    with pytest.raises(ValueError, match=r"^x: this layer holds ranks \[0, 1\] .*forward_ranks"):
         layer.forward(x, idx, w)
     with pytest.raises(ValueError, match="w1"):
         layer.load_weights(weights[0][:8], *weights[1:])

@@ -1,4 +1,4 @@
-//! Comparing outputs: the SPEC §3 distance and a stable hash of output bits.
+//! Comparing outputs: the SPEC §3 distance, the largest error, and a stable hash of output bits.
 
 use half::bf16;
 
@@ -31,6 +31,26 @@ pub fn diff_bf16(x: &[Vec<bf16>], y: &[Vec<bf16>]) -> f64 {
     diff(&widen(x), &widen(y))
 }
 
+/// The largest absolute error of `x` against the reference `y` (every rank, rank order), and
+/// that error relative to the reference's largest magnitude (0 when `y` is all zero): the
+/// worst element, beside [`diff`]'s average. A NaN anywhere makes both NaN.
+pub fn max_error_bf16(x: &[Vec<bf16>], y: &[Vec<bf16>]) -> (f64, f64) {
+    let widen = |v: &bf16| f64::from(v.to_f32());
+    let (mut abs, mut scale) = (0f64, 0f64);
+    for (a, b) in x.iter().flatten().zip(y.iter().flatten()) {
+        let e = (widen(a) - widen(b)).abs();
+        // f64::max would drop a NaN.
+        abs = if e.is_nan() || abs.is_nan() {
+            f64::NAN
+        } else {
+            abs.max(e)
+        };
+        scale = scale.max(widen(b).abs());
+    }
+    let rel = if scale == 0.0 { abs * 0.0 } else { abs / scale };
+    (abs, rel)
+}
+
 /// 64-bit FNV-1a over the bf16 bits of every rank's output in rank order, each value as two
 /// bytes, little-endian. Rank boundaries are not hashed: the same global output split over
 /// any R has the same hash.
@@ -54,6 +74,20 @@ mod tests {
         assert_eq!(diff(&[1.0, -2.0], &[1.0, -2.0]), 0.0);
         assert_eq!(diff(&[1.0, 0.0], &[0.0, 1.0]), 1.0);
         assert_eq!(diff(&[3.0], &[1.0]), 4.0 / 10.0);
+    }
+
+    #[test]
+    fn max_error_is_the_worst_element_and_relative_to_the_largest_reference() {
+        let v = |xs: &[f32]| vec![xs.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>()];
+        assert_eq!(max_error_bf16(&v(&[1.0, 2.0]), &v(&[1.0, 2.0])), (0.0, 0.0));
+        assert_eq!(
+            max_error_bf16(&v(&[1.5, -4.0, 0.0]), &v(&[1.0, -3.0, 8.0])),
+            (8.0, 1.0)
+        );
+        assert_eq!(max_error_bf16(&v(&[0.5, 2.0]), &v(&[1.0, 4.0])), (2.0, 0.5));
+        assert_eq!(max_error_bf16(&v(&[0.0]), &v(&[0.0])), (0.0, 0.0));
+        let (abs, rel) = max_error_bf16(&v(&[f32::NAN, 1.0]), &v(&[1.0, 1.0]));
+        assert!(abs.is_nan() && rel.is_nan());
     }
 
     #[test]

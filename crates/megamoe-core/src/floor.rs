@@ -1,5 +1,5 @@
 //! The hardware floor of every benchmark table (SPEC §8): the machine limits measured on our
-//! H200 pair (ANCHORS.md, "Our machine") and the least time a piece of work can take under them.
+//! H200 pair (docs/PEERS.md, "Our machine") and the least time a piece of work can take under them.
 
 /// Dense FP8 GEMM rate of one GPU, FLOP/s: cuBLAS 8192³ with per-tensor scales measured
 /// 1394 TFLOP/s.

@@ -5,9 +5,9 @@
 //! permute (SPEC §5), and the schedule and memory planner. No CUDA here: the GPU crates replay
 //! what this crate defines and are checked against it.
 
-pub mod batch;
+mod batch;
 pub mod diff;
-pub mod error;
+mod error;
 pub mod floor;
 pub mod limits;
 pub mod numerics;
@@ -24,6 +24,7 @@ pub mod weights;
 
 pub use batch::{RankInputs, WorldInputs};
 pub use error::{Error, Result};
+pub use numerics::Accumulation;
 pub use preset::{Preset, Shape, PRESETS};
 pub use reference::{fused_layer, fused_layer_and_f64, fused_layer_f64, LayerOptions};
 pub use weights::{Matrix, WeightGen, WeightSource};

@@ -1,12 +1,12 @@
-//! This crate's kernels: their params structs (mirrors of the device structs, layout asserted
-//! on both sides) and their configurations.
+//! This crate's kernels: their params structs, declared here (device/megamoe/impls/params.cuh
+//! is generated from them: [`generated_header`]), and their configurations.
 //!
 //! Registry hook: every crate with kernels exposes `pub fn kernel_specs() -> Vec<KernelSpec>`
 //! listing every configuration it may compile at run time; its compile test calls
 //! [`crate::jit::assert_compiles_clean`] on that list, and `megamoe selftest` compiles all
 //! lists. [`kernel_specs`] is this crate's.
 
-use crate::device::Pod;
+use crate::interface::{DeviceStruct, GeneratedHeader, Item};
 use crate::jit::KernelSpec;
 use crate::tma::TensorMap;
 
@@ -27,25 +27,23 @@ fn unit(name: &str, header: &str, params: &str, body: &str, threads: u32) -> Ker
     }
 }
 
-macro_rules! assert_layout {
-    ($t:ty, $size:expr, $align:expr) => {
-        const _: () = assert!(std::mem::size_of::<$t>() == $size);
-        const _: () = assert!(std::mem::align_of::<$t>() == $align);
-        unsafe impl Pod for $t {}
-    };
+crate::device_struct! {
+    #[device(namespace = "megamoe::impls")]
+    /// bf16 -> e4m3 per-128 quantization (impls/quant_e4m3.cuh).
+    #[repr(C)]
+    #[derive(Debug, Clone, Copy)]
+    pub struct QuantParams {
+        /// bf16 `[rows, cols]`.
+        pub x: u64,
+        /// e4m3 `[rows, cols]`.
+        pub q: u64,
+        /// f32 `[rows, cols / 128]`.
+        pub sf: u64,
+        pub rows: u32,
+        /// A multiple of 128.
+        pub cols: u32,
+    }
 }
-
-/// `impls::QuantParams`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct QuantParams {
-    pub x: u64,
-    pub q: u64,
-    pub sf: u64,
-    pub rows: u32,
-    pub cols: u32,
-}
-assert_layout!(QuantParams, 32, 8);
 
 /// Threads per block of the quantizer.
 pub const QUANT_THREADS: u32 = 256;
@@ -111,15 +109,18 @@ pub fn quant_e4m3(blocks_per_half_warp: u32) -> KernelSpec {
     )
 }
 
-/// `impls::CopyParams`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct CopyParams {
-    pub dst: u64,
-    pub src: u64,
-    pub bytes: u64,
+crate::device_struct! {
+    #[device(namespace = "megamoe::impls")]
+    /// The NVLink copy (impls/nvlink_copy.cuh).
+    #[repr(C)]
+    #[derive(Debug, Clone, Copy)]
+    pub struct CopyParams {
+        pub dst: u64,
+        pub src: u64,
+        /// A multiple of 16.
+        pub bytes: u64,
+    }
 }
-assert_layout!(CopyParams, 24, 8);
 
 pub const COPY_THREADS: u32 = 512;
 
@@ -133,18 +134,22 @@ pub fn nvlink_copy() -> KernelSpec {
     )
 }
 
-/// `impls::RankBarrierParams`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct RankBarrierParams {
-    pub peer_signals: u64,
-    pub record: u64,
-    pub epoch: u64,
-    pub timeout_ns: u64,
-    pub rank: u32,
-    pub world: u32,
+crate::device_struct! {
+    #[device(namespace = "megamoe::impls")]
+    /// The rank barrier kernel (impls/rank_barrier.cuh).
+    #[repr(C)]
+    #[derive(Debug, Clone, Copy)]
+    pub struct RankBarrierParams {
+        /// Device address of the peer pointer table (`world` u64 addresses).
+        pub peer_signals: u64,
+        /// This rank's `WaitRecord`.
+        pub record: u64,
+        pub epoch: u64,
+        pub timeout_ns: u64,
+        pub rank: u32,
+        pub world: u32,
+    }
 }
-assert_layout!(RankBarrierParams, 40, 8);
 
 pub fn rank_barrier() -> KernelSpec {
     unit(
@@ -156,15 +161,19 @@ pub fn rank_barrier() -> KernelSpec {
     )
 }
 
-/// `impls::LaunchCheckParams`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct LaunchCheckParams {
-    pub out: u64,
-    pub smem_words: u32,
-    pub pad: u32,
+crate::device_struct! {
+    #[device(namespace = "megamoe::impls")]
+    /// The launch path's check (impls/launch_check.cuh).
+    #[repr(C)]
+    #[derive(Debug, Clone, Copy)]
+    pub struct LaunchCheckParams {
+        /// u32 `[gridDim.x, 3]`: last shared word, cluster rank, cluster size.
+        pub out: u64,
+        /// Dynamic shared memory in u32 words.
+        pub smem_words: u32,
+        pub pad: u32,
+    }
 }
-assert_layout!(LaunchCheckParams, 16, 8);
 
 pub fn launch_check() -> KernelSpec {
     unit(
@@ -176,18 +185,23 @@ pub fn launch_check() -> KernelSpec {
     )
 }
 
-/// `impls::TmaCheckParams`; the tile is `TMA_TILE_ROWS x TMA_TILE_COLS` u32.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct TmaCheckParams {
-    pub map: TensorMap,
-    pub out: u64,
-    pub record: u64,
-    pub timeout_ns: u64,
-    pub x: i32,
-    pub y: i32,
+crate::device_struct! {
+    #[device(namespace = "megamoe::impls")]
+    /// The TMA tile load's check (impls/launch_check.cuh); the tile is
+    /// `TMA_TILE_ROWS x TMA_TILE_COLS` u32.
+    #[repr(C)]
+    #[derive(Debug, Clone, Copy)]
+    pub struct TmaCheckParams {
+        pub map: TensorMap,
+        /// u32 `[TMA_TILE_ROWS, TMA_TILE_COLS]`.
+        pub out: u64,
+        /// This rank's `WaitRecord`.
+        pub record: u64,
+        pub timeout_ns: u64,
+        pub x: i32,
+        pub y: i32,
+    }
 }
-assert_layout!(TmaCheckParams, 192, 64);
 pub const TMA_TILE_ROWS: u32 = 16;
 pub const TMA_TILE_COLS: u32 = 32;
 
@@ -201,6 +215,32 @@ pub fn tma_check() -> KernelSpec {
     )
 }
 
+/// The device header generated from this module's declarations.
+pub fn generated_header() -> GeneratedHeader {
+    GeneratedHeader {
+        path: "megamoe/impls/params.cuh",
+        source: file!(),
+        about: &[" The parameters of this crate's kernels (impls/)."],
+        includes: &["megamoe/ptx/tma.cuh"],
+        namespace: "megamoe::impls",
+        preamble: &[],
+        items: vec![
+            QuantParams::declaration(),
+            CopyParams::declaration(),
+            RankBarrierParams::declaration(),
+            LaunchCheckParams::declaration(),
+            Item::constant(
+                " The TMA check's tile: rows and u32 columns.",
+                "kTileRows",
+                "u32",
+                TMA_TILE_ROWS,
+            ),
+            Item::constant("", "kTileCols", "u32", TMA_TILE_COLS),
+            TmaCheckParams::declaration(),
+        ],
+    }
+}
+
 /// Every configuration this crate compiles.
 pub fn kernel_specs() -> Vec<KernelSpec> {
     let mut specs: Vec<KernelSpec> = QUANT_BLOCKS_PER_HALF_WARP.map(quant_e4m3).into();
@@ -211,6 +251,11 @@ pub fn kernel_specs() -> Vec<KernelSpec> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn generated_headers_are_current() {
+        crate::interface::check_headers(env!("CARGO_MANIFEST_DIR"), &[generated_header()]);
+    }
 
     #[test]
     fn quant_config_parses_and_prints() {

@@ -43,6 +43,9 @@
 //!   `#include <megamoe/ptx/memory.cuh>`. Registry hook: each crate exposes
 //!   `kernel_specs() -> Vec<KernelSpec>`; its tests call [`jit::assert_compiles_clean`].
 //! - [`TiledMap::encode`] → [`TensorMap`], 128 bytes aligned to 64, embedded in params.
+//! - [`interface`]: the host/device interface declared once, in Rust: [`device_struct!`] params
+//!   structs, constants and codes, from which every crate generates the headers its kernels
+//!   include (a test per crate fails when one is stale).
 //! - [`WaitRecord`]: what a device-side wait that ran past its deadline records, the one
 //!   channel of expired waits of every crate, decoded into [`Error::WaitTimeout`]; each crate
 //!   names its own waits ([`WaitNames`]; the runtime's are [`Wait`]).
@@ -50,27 +53,35 @@
 //!   ([`World::run`], errors on every rank when one fails), [`SymmetricBuffer`]s with per-rank
 //!   peer pointer tables, and [`Rank::barrier`], a device-side barrier with a deadline.
 //! - [`Quantizer`]: bf16 → e4m3 per-128 quantization, bitwise equal to megamoe-core's
-//!   `quant::quantize_rows`; [`bench`](mod@bench): NVLink and quantization benchmarks;
-//!   [`selftest`]: the GPU checks `megamoe selftest` runs.
+//!   `quant::quantize_rows`.
+//! - With the `harness` feature (the command line turns it on): `bench`, the NVLink and
+//!   quantization benchmarks, and `selftest`, the GPU checks `megamoe selftest` runs.
+//!
+//! The API is at the crate root; the modules that stay public are namespaces other crates use
+//! by name: [`jit`], [`kernels`] (this crate's kernels and their params), [`wait`] (deadlines),
+//! [`probe`] (finding the libraries) and [`interop`] (CUDA IPC handles).
 //!
 //! # Finding CUDA
 //! See [`probe`]: `MEGAMOE_NVRTC_LIB`, `MEGAMOE_CUDA_HOME`, the system loader, the Python
 //! environment's NVIDIA pip packages, a system toolkit, then the project-local `.toolchain/`
 //! that `scripts/install-cuda-toolchain.sh` fills from PyPI.
 
+#[cfg(feature = "harness")]
 pub mod bench;
-pub mod device;
-pub mod error;
+mod device;
+mod error;
+pub mod interface;
 pub mod interop;
 pub mod jit;
 pub mod kernels;
-pub mod nvrtc;
+mod nvrtc;
 pub mod probe;
-pub mod quant;
-pub mod ranks;
-pub mod rendezvous;
+mod quant;
+mod ranks;
+mod rendezvous;
+#[cfg(feature = "harness")]
 pub mod selftest;
-pub mod tma;
+mod tma;
 pub mod wait;
 
 pub use device::{

@@ -1,8 +1,9 @@
 //! Device-side wait deadlines (SPEC §6): the record a timed-out wait leaves behind and its
-//! decoding into [`Error::WaitTimeout`]. Mirrors `device/megamoe/comm/deadline.cuh`.
+//! decoding into [`Error::WaitTimeout`]. The device side (`device/megamoe/comm/deadline.cuh`)
+//! includes the declarations generated from this module.
 
-use crate::device::Pod;
 use crate::error::Error;
+use crate::interface::{DeviceStruct, GeneratedHeader, Item};
 use std::time::Duration;
 
 /// The default deadline of every device-side wait.
@@ -40,20 +41,49 @@ pub const WAITS: WaitNames = WaitNames {
     names: &["rank barrier", "TMA load"],
 };
 
-/// What a timed-out wait recorded (`comm::WaitRecord`); all zero when nothing timed out.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct WaitRecord {
-    pub status: u32,
-    pub wait: u32,
-    pub rank: u32,
-    pub peer: u32,
-    pub observed: u64,
-    pub expected: u64,
+crate::device_struct! {
+    #[device(namespace = "megamoe::comm")]
+    /// What a timed-out wait recorded; all zero when nothing timed out.
+    #[repr(C)]
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct WaitRecord {
+        /// 0: no timeout; 1: timed out (the first timeout wins).
+        pub status: u32,
+        /// A `Wait`, or a wait of another crate's range.
+        pub wait: u32,
+        /// The rank that waited.
+        pub rank: u32,
+        /// The rank it waited for.
+        pub peer: u32,
+        pub observed: u64,
+        pub expected: u64,
+    }
 }
-const _: () = assert!(std::mem::size_of::<WaitRecord>() == 32);
-const _: () = assert!(std::mem::align_of::<WaitRecord>() == 8);
-unsafe impl Pod for WaitRecord {}
+
+/// The generated device header of this module: `megamoe/comm/wait_record.cuh`.
+pub fn generated_header() -> GeneratedHeader {
+    GeneratedHeader {
+        path: "megamoe/comm/wait_record.cuh",
+        source: file!(),
+        about: &[
+            " What a device wait that ran past its deadline records (comm/deadline.cuh), and the",
+            " runtime's own waits. Other crates number theirs in ranges of their own (see",
+            " `megamoe_cuda::WaitNames`); a plain enum, so its values pass as u32.",
+        ],
+        includes: &[],
+        namespace: "megamoe::comm",
+        preamble: &[],
+        items: vec![
+            Item::waits(
+                " The runtime's waits.",
+                "Wait",
+                &WAITS,
+                &["RankBarrier", "TmaLoad"],
+            ),
+            WaitRecord::declaration(),
+        ],
+    }
+}
 
 impl WaitRecord {
     /// The recorded wait's name, from the runtime's own names or those of `waits`.
@@ -87,6 +117,11 @@ pub fn deadline_ns(deadline: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn generated_headers_are_current() {
+        crate::interface::check_headers(env!("CARGO_MANIFEST_DIR"), &[generated_header()]);
+    }
 
     #[test]
     fn clear_record_is_no_error() {

@@ -1,104 +1,144 @@
-//! The kernels' parameter structs, field for field as in device/megamoe_ep/params.cuh, and the
-//! kernels' specifications for the runtime's JIT.
+//! The kernels' parameter structs, codes and constants, declared once here (their C++
+//! declarations, device/megamoe_ep/params.cuh, are generated from these: [`generated_header`]),
+//! and the kernels' specifications for the runtime's JIT.
 
-use megamoe_core::plan::layout::ERROR_RECORD_BYTES;
+use megamoe_core::plan::layout::{ERROR_RECORD_BYTES, SIGNAL_KINDS};
+use megamoe_cuda::interface::{DeviceStruct, GeneratedHeader, Item};
 use megamoe_cuda::jit::Headers;
-use megamoe_cuda::{KernelSpec, Pod};
+use megamoe_cuda::KernelSpec;
 
-use crate::layout::MAX_RANKS;
+use crate::error::WAITS;
+use crate::layout::{MAX_EXPERTS, MAX_RANKS, MAX_TOPK};
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Layout {
-    pub peer_base: [u64; MAX_RANKS],
-    pub handle: u64,
-    pub deadline_ns: u64,
-    /// This rank's `megamoe_cuda::WaitRecord`, where a wait past its deadline is recorded.
-    pub wait_record: u64,
-    pub off_epochs: u64,
-    pub off_signals: u64,
-    pub off_status: u64,
-    pub off_counts: u64,
-    pub off_meta: u64,
-    pub off_in_rows: u64,
-    pub off_in_scales: u64,
-    pub off_out_rows: u64,
-    pub off_out_scales: u64,
-    pub off_out_probs: u64,
-    pub off_comb_rows: u64,
-    pub off_comb_prob_grads: u64,
-    pub off_error: u64,
-    pub h_recv_slot: u64,
-    pub h_send_row: u64,
-    pub h_idx: u64,
-    pub h_padded: u64,
-    pub h_counts: u64,
-    pub h_seg_base: u64,
-    pub h_src_tokens: u64,
-    pub h_total_rows: u64,
-    pub rank: i32,
-    pub ranks: i32,
-    pub experts: i32,
-    pub topk: i32,
-    pub hidden: i32,
-    pub max_tokens: i32,
-    pub max_rows: i32,
-    pub _pad0: i32,
+megamoe_cuda::device_struct! {
+    #[device(namespace = "ep")]
+    /// Where everything lives: byte offsets inside every rank's symmetric buffer (the same on
+    /// all ranks) and inside this rank's handle block.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct Layout {
+        /// Each rank's buffer, valid here under unified addressing.
+        pub peer_base: [u64; MAX_RANKS],
+        /// This rank's handle block (local).
+        pub handle: u64,
+        /// Budget of every wait.
+        pub deadline_ns: u64,
+        /// This rank's `megamoe_cuda::WaitRecord`, where a wait past its deadline is recorded.
+        pub wait_record: u64,
+        /// Buffer regions.
+        pub off_epochs: u64,
+        pub off_signals: u64,
+        pub off_status: u64,
+        pub off_counts: u64,
+        pub off_meta: u64,
+        pub off_in_rows: u64,
+        pub off_in_scales: u64,
+        pub off_out_rows: u64,
+        pub off_out_scales: u64,
+        pub off_out_probs: u64,
+        pub off_comb_rows: u64,
+        pub off_comb_prob_grads: u64,
+        pub off_error: u64,
+        /// Handle regions.
+        pub h_recv_slot: u64,
+        pub h_send_row: u64,
+        pub h_idx: u64,
+        pub h_padded: u64,
+        pub h_counts: u64,
+        pub h_seg_base: u64,
+        pub h_src_tokens: u64,
+        pub h_total_rows: u64,
+        pub rank: i32,
+        pub ranks: i32,
+        pub experts: i32,
+        pub topk: i32,
+        pub hidden: i32,
+        pub max_tokens: i32,
+        pub max_rows: i32,
+        pub _pad0: i32,
+    }
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct DispatchParams {
-    pub l: Layout,
-    pub topk_idx: u64,
-    pub probs: u64,
-    pub tokens: i32,
-    pub pad_multiple: i32,
-    pub row_bytes: i32,
-    pub scales_per_row: i32,
-    pub row_bound: i32,
-    pub mode: i32,
-    /// 0: output scales row-major `[rows, S]`; else group-major `[S, scales_stride]`.
-    pub scales_stride: i32,
-    pub _pad0: i32,
+megamoe_cuda::device_struct! {
+    #[device(namespace = "ep")]
+    /// The dispatch kernel's parameters.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct DispatchParams {
+        pub l: Layout,
+        /// `[T, K]` i32, this rank's routing (full mode), 16-byte aligned.
+        pub topk_idx: u64,
+        /// `[T, K]` f32 (full mode).
+        pub probs: u64,
+        pub tokens: i32,
+        pub pad_multiple: i32,
+        pub row_bytes: i32,
+        pub scales_per_row: i32,
+        pub row_bound: i32,
+        /// A `DISPATCH_*` mode (device: `DispatchMode`).
+        pub mode: i32,
+        /// 0: output scales row-major `[rows, S]`; else group-major `[S, scales_stride]`.
+        pub scales_stride: i32,
+        pub _pad0: i32,
+    }
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct CombineParams {
-    pub l: Layout,
-    pub y: u64,
-    pub grad_probs: u64,
-    pub with_prob_grads: i32,
-    /// [`CombineOrder`] as its device value.
-    pub order: i32,
-    pub _pad0: i32,
-    pub _pad1: i32,
+megamoe_cuda::device_struct! {
+    #[device(namespace = "ep")]
+    /// The combine kernel's parameters.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct CombineParams {
+        pub l: Layout,
+        /// `[T, H]` bf16 output.
+        pub y: u64,
+        /// `[T, K]` f32 output, or 0.
+        pub grad_probs: u64,
+        pub with_prob_grads: i32,
+        /// [`CombineOrder`] as its device value: the order in which a token's copies are summed.
+        pub order: i32,
+        pub _pad0: i32,
+        pub _pad1: i32,
+    }
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct GatherParams {
-    pub src: u64,
-    pub dst: u64,
-    pub index: u64,
-    pub rows: i32,
-    pub row_bytes: i32,
+megamoe_cuda::device_struct! {
+    #[device(namespace = "ep")]
+    /// The row gather of the NCCL baseline's permutes.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct GatherParams {
+        /// Rows `[*, row_bytes]`.
+        pub src: u64,
+        /// Rows `[rows, row_bytes]`.
+        pub dst: u64,
+        /// i32 `[rows]`.
+        pub index: u64,
+        pub rows: i32,
+        pub row_bytes: i32,
+    }
 }
 
-/// What a call rejected on the device (bad routing, overflow) leaves in its rank's buffer.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ErrorRecord {
-    pub code: u32,
-    pub rank: u32,
-    pub what: u32,
-    pub peer: u32,
-    pub seen: u64,
-    pub expected: u64,
+megamoe_cuda::device_struct! {
+    #[device(namespace = "ep")]
+    /// What a call rejected on the device (bad routing, overflow) leaves in its rank's buffer
+    /// (read by the host after a sync).
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct ErrorRecord {
+        /// An `ERR_*` code (device: `ErrorCode`).
+        pub code: u32,
+        pub rank: u32,
+        pub what: u32,
+        pub peer: u32,
+        pub seen: u64,
+        pub expected: u64,
+    }
 }
 
-/// DispatchParams::mode (device/megamoe_ep/impls/dispatch.cuh).
+const _: () = assert!(std::mem::size_of::<ErrorRecord>() as u64 == ERROR_RECORD_BYTES);
+
+/// DispatchParams::mode (device: `DispatchMode`).
 pub const DISPATCH_FULL: i32 = 0;
 pub const DISPATCH_CACHED: i32 = 1;
 pub const DISPATCH_UNPERMUTED: i32 = 2;
@@ -164,23 +204,42 @@ pub enum FaultKind {
     SlowPeer(std::time::Duration),
 }
 
-/// [`InjectedFault`] as the device takes it.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct FaultSpec {
-    pub sleep_ns: u64,
-    pub rank: u32,
-    pub fault: u32,
+megamoe_cuda::device_struct! {
+    #[device(namespace = "ep")]
+    /// [`InjectedFault`] as the device takes it.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct FaultSpec {
+        pub sleep_ns: u64,
+        /// The rank that takes the fault.
+        pub rank: u32,
+        /// A `FAULT_*` code (device: `Fault`).
+        pub fault: u32,
+    }
 }
+
+/// The faults of [`FaultSpec`] (device: `Fault`); the default kernels are instantiated without
+/// them.
+pub const FAULT_NONE: u32 = 0;
+/// Dispatch and combine return at entry.
+pub const FAULT_NEVER_ARRIVES: u32 = 1;
+/// Dispatch publishes its counts and meta, raises `dispatch ready`, stops.
+pub const FAULT_STOP_MID_DISPATCH: u32 = 2;
+/// Combine raises `combine ready`, then stops.
+pub const FAULT_STOP_MID_COMBINE: u32 = 3;
+/// Dispatch publishes a count no routing gives (expert 0: T + 1).
+pub const FAULT_CORRUPT_COUNT: u32 = 4;
+/// Dispatch sleeps `sleep_ns` before raising `dispatch ready`, then goes on.
+pub const FAULT_SLOW_PEER: u32 = 5;
 
 impl From<InjectedFault> for FaultSpec {
     fn from(f: InjectedFault) -> Self {
         let (fault, sleep_ns) = match f.kind {
-            FaultKind::NeverArrives => (1, 0),
-            FaultKind::StopMidDispatch => (2, 0),
-            FaultKind::StopMidCombine => (3, 0),
-            FaultKind::CorruptCount => (4, 0),
-            FaultKind::SlowPeer(d) => (5, megamoe_cuda::wait::deadline_ns(d)),
+            FaultKind::NeverArrives => (FAULT_NEVER_ARRIVES, 0),
+            FaultKind::StopMidDispatch => (FAULT_STOP_MID_DISPATCH, 0),
+            FaultKind::StopMidCombine => (FAULT_STOP_MID_COMBINE, 0),
+            FaultKind::CorruptCount => (FAULT_CORRUPT_COUNT, 0),
+            FaultKind::SlowPeer(d) => (FAULT_SLOW_PEER, megamoe_cuda::wait::deadline_ns(d)),
         };
         FaultSpec {
             sleep_ns,
@@ -190,45 +249,27 @@ impl From<InjectedFault> for FaultSpec {
     }
 }
 
-/// The probe instantiations' parameters (device: `DispatchProbeParams`, `CombineProbeParams`).
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct DispatchProbeParams {
-    pub p: DispatchParams,
-    pub fault: FaultSpec,
+megamoe_cuda::device_struct! {
+    #[device(namespace = "ep")]
+    /// The dispatch probe instantiation's parameters.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug)]
+    pub struct DispatchProbeParams {
+        pub p: DispatchParams,
+        pub fault: FaultSpec,
+    }
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct CombineProbeParams {
-    pub p: CombineParams,
-    pub fault: FaultSpec,
+megamoe_cuda::device_struct! {
+    #[device(namespace = "ep")]
+    /// The combine probe instantiation's parameters.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug)]
+    pub struct CombineProbeParams {
+        pub p: CombineParams,
+        pub fault: FaultSpec,
+    }
 }
-
-// Sizes as the device code computes them (asserted in params.cuh too).
-const _: () = assert!(std::mem::size_of::<Layout>() == 8 * 8 + 24 * 8 + 8 * 4);
-const _: () =
-    assert!(std::mem::size_of::<DispatchParams>() == std::mem::size_of::<Layout>() + 16 + 32);
-const _: () =
-    assert!(std::mem::size_of::<CombineParams>() == std::mem::size_of::<Layout>() + 16 + 16);
-const _: () = assert!(std::mem::size_of::<ErrorRecord>() as u64 == ERROR_RECORD_BYTES);
-const _: () = assert!(
-    std::mem::size_of::<DispatchProbeParams>() == std::mem::size_of::<DispatchParams>() + 16
-);
-const _: () =
-    assert!(std::mem::size_of::<CombineProbeParams>() == std::mem::size_of::<CombineParams>() + 16);
-const _: () = assert!(std::mem::size_of::<GatherParams>() == 32);
-const _: () = assert!(std::mem::align_of::<DispatchParams>() == 8);
-const _: () = assert!(std::mem::align_of::<CombineParams>() == 8);
-const _: () = assert!(std::mem::align_of::<GatherParams>() == 8);
-const _: () = assert!(std::mem::align_of::<ErrorRecord>() == 8);
-// SAFETY: plain `#[repr(C)]` integers, layouts asserted above against the device structs.
-unsafe impl Pod for DispatchParams {}
-unsafe impl Pod for CombineParams {}
-unsafe impl Pod for GatherParams {}
-unsafe impl Pod for DispatchProbeParams {}
-unsafe impl Pod for CombineProbeParams {}
-unsafe impl Pod for ErrorRecord {}
 
 /// This crate's device headers, included as `<megamoe_ep/...>`.
 pub const HEADERS: Headers = megamoe_cuda::header_set!(
@@ -245,9 +286,127 @@ pub const HEADERS: Headers = megamoe_cuda::header_set!(
 /// Threads per block of every kernel here (`ep::kThreads`).
 pub const THREADS: u32 = 512;
 
-/// Dynamic shared memory of the dispatch kernel (`ep::kDispatchDynamicSmem`): two 4-KiB row
-/// chunks per warp for its bulk stores, and one chunk of zeros for the padding rows.
-pub const DISPATCH_DYNAMIC_SMEM: u32 = (2 * THREADS / 32 + 1) * 4096;
+/// Bytes of the row chunks dispatch stages in shared memory for its bulk stores (`ep::kChunkBytes`).
+pub const CHUNK_BYTES: u32 = 4096;
+
+/// Dynamic shared memory of the dispatch kernel (`ep::kDispatchDynamicSmem`): two row chunks
+/// per warp, double-buffered, and one chunk of zeros for the padding rows.
+pub const DISPATCH_DYNAMIC_SMEM: u32 = (2 * THREADS / 32 + 1) * CHUNK_BYTES;
+
+/// The device header generated from this module's declarations: `megamoe_ep/params.cuh`.
+pub fn generated_header() -> GeneratedHeader {
+    let signals = [
+        "kDispatchReady",
+        "kDispatchDone",
+        "kCombineReady",
+        "kCombineDone",
+    ];
+    assert_eq!(
+        signals.len(),
+        SIGNAL_KINDS,
+        "one signal kind per counter of the buffer"
+    );
+    let mut signal_values: Vec<_> = (0..).zip(signals).map(|(v, n)| (n, v)).collect();
+    signal_values.push(("kNumSignals", SIGNAL_KINDS as i64));
+    let orders = [
+        ("kExpertOrder", CombineOrder::ExpertId),
+        ("kSlotOrder", CombineOrder::Slot),
+        ("kPerRankOrder", CombineOrder::PerRank),
+    ];
+    GeneratedHeader {
+        path: "megamoe_ep/params.cuh",
+        source: file!(),
+        about: &[
+            " Kernel parameter structs, codes and constants of dispatch and combine. Every kernel",
+            " takes exactly one of the structs as `const __grid_constant__ Params p`.",
+        ],
+        includes: &["megamoe/ptx/memory.cuh"],
+        namespace: "ep",
+        preamble: &[
+            "using megamoe::i32;",
+            "using megamoe::u32;",
+            "using megamoe::u64;",
+            "namespace ptx = megamoe::ptx;",
+        ],
+        items: vec![
+            Item::constant("", "kMaxRanks", "int", MAX_RANKS),
+            Item::constant("", "kMaxTopk", "int", MAX_TOPK),
+            Item::constant("", "kMaxExperts", "int", MAX_EXPERTS),
+            Item::constant(" Threads per block.", "kThreads", "int", THREADS),
+            Item::constant("", "kWarps", "int", THREADS / 32),
+            Item::constant(
+                " Dispatch stores rows with bulk copies from shared memory: every warp stages its row in\n \
+                 chunks of kChunkBytes, double-buffered, and the block keeps one chunk of zeros for the\n \
+                 padding rows.",
+                "kChunkBytes",
+                "int",
+                CHUNK_BYTES,
+            ),
+            Item::constant("", "kDispatchDynamicSmem", "int", DISPATCH_DYNAMIC_SMEM),
+            Item::enumeration(
+                " Signal kinds: one u64 counter per (kind, source rank) in every rank's buffer.",
+                "Signal",
+                "int",
+                &signal_values,
+            ),
+            Item::constant(
+                " The wait on each signal kind is wait kFirstWait + kind, in this crate's range of wait ids.",
+                "kFirstWait",
+                "u32",
+                format!("{:#x}", WAITS.first),
+            ),
+            Item::enumeration(
+                " CombineParams::order. Each sums in f32 and rounds once per row it produces.",
+                "CombineOrder",
+                "int",
+                &orders.map(|(n, o)| (n, o as i64)),
+            ),
+            Item::enumeration(
+                " DispatchParams::mode.",
+                "DispatchMode",
+                "int",
+                &[
+                    ("kFull", DISPATCH_FULL.into()),
+                    ("kCached", DISPATCH_CACHED.into()),
+                    ("kUnpermuted", DISPATCH_UNPERMUTED.into()),
+                ],
+            ),
+            Item::enumeration(
+                " Error codes of the device error record (a wait past its deadline is recorded in the\n \
+                 rank's `megamoe::comm::WaitRecord` instead).",
+                "ErrorCode",
+                "u32",
+                &[
+                    ("kOk", ERR_OK.into()),
+                    ("kBadTopk", ERR_BAD_TOPK.into()),
+                    ("kOverflow", ERR_OVERFLOW.into()),
+                    ("kBadCount", ERR_BAD_COUNT.into()),
+                ],
+            ),
+            Item::enumeration(
+                " Faults the probe instantiations of dispatch and combine inject on one rank.",
+                "Fault",
+                "u32",
+                &[
+                    ("kFaultNone", FAULT_NONE.into()),
+                    ("kFaultNeverArrives", FAULT_NEVER_ARRIVES.into()),
+                    ("kFaultStopMidDispatch", FAULT_STOP_MID_DISPATCH.into()),
+                    ("kFaultStopMidCombine", FAULT_STOP_MID_COMBINE.into()),
+                    ("kFaultCorruptCount", FAULT_CORRUPT_COUNT.into()),
+                    ("kFaultSlowPeer", FAULT_SLOW_PEER.into()),
+                ],
+            ),
+            FaultSpec::declaration(),
+            Layout::declaration(),
+            DispatchParams::declaration(),
+            CombineParams::declaration(),
+            DispatchProbeParams::declaration(),
+            CombineProbeParams::declaration(),
+            GatherParams::declaration(),
+            ErrorRecord::declaration(),
+        ],
+    }
+}
 
 /// A translation unit defining `entry`, which runs `ep::{body}` on one `Params` struct `p`.
 fn unit(entry: &str, header: &str, params: &str, body: &str) -> KernelSpec {
@@ -322,4 +481,15 @@ pub fn kernel_specs() -> Vec<KernelSpec> {
         combine_kernel(true),
         gather_kernel(),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn generated_headers_are_current() {
+        megamoe_cuda::interface::check_headers(
+            env!("CARGO_MANIFEST_DIR"),
+            &[super::generated_header()],
+        );
+    }
 }

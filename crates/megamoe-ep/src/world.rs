@@ -140,6 +140,8 @@ pub struct EpWorld {
     io: Vec<DeviceBuffer>,
     dispatch: Vec<Arc<Kernel>>,
     combine: Vec<Arc<Kernel>>,
+    /// The NCCL baseline's row gather (the benchmark's).
+    #[cfg(feature = "harness")]
     pub(crate) gather: Vec<Arc<Kernel>>,
     /// ptxas's registers/spills of the kernels.
     pub compile_report: String,
@@ -193,6 +195,7 @@ impl EpWorld {
         let probe = config.fault.is_some();
         let dispatch = load(params::dispatch_kernel(probe))?;
         let combine = load(params::combine_kernel(probe))?;
+        #[cfg(feature = "harness")]
         let gather = load(params::gather_kernel())?;
         let layout = BufferLayout::new(&spec);
         let hlayout = HandleLayout::new(&spec);
@@ -222,6 +225,7 @@ impl EpWorld {
             io,
             dispatch,
             combine,
+            #[cfg(feature = "harness")]
             gather,
             compile_report,
         })

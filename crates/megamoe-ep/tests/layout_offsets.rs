@@ -1,7 +1,7 @@
 //! The byte offsets the kernels receive, pinned for a few buffers: the device code addresses
 //! every region by them, so a change here is a change of the kernels' behaviour.
 
-use megamoe_ep::layout::{BufferLayout, BufferSpec, HandleLayout};
+use megamoe_ep::{BufferLayout, BufferSpec, HandleLayout};
 
 fn spec(
     ranks: usize,

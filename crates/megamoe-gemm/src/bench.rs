@@ -5,7 +5,9 @@ use megamoe_cuda::Gpu;
 
 use crate::error::{GemmError, Result};
 use crate::grouped::GroupedGemm;
-use crate::heuristics::{choose, with_block_n, with_cluster, GemmConfig, GemmProblem};
+use crate::heuristics::{
+    choose, with_block_n, with_cluster, Accumulation, GemmConfig, GemmProblem,
+};
 use crate::testdata::{compare, DeviceOperands, HostOperands};
 
 /// One measured case.
@@ -47,6 +49,8 @@ pub struct Arm {
     pub block_n: Option<usize>,
     /// CTAs per cluster sharing the weight tile (see `GemmConfig::cluster_m`).
     pub cluster_m: Option<usize>,
+    /// How the K loop sums over K (overrides the problem's; see `GemmConfig::accumulation`).
+    pub accumulation: Accumulation,
 }
 
 /// The configuration `arm` runs for `problem`.
@@ -56,6 +60,10 @@ fn arm_config(
     opts: &BenchOptions,
     arm: &Arm,
 ) -> Result<GemmConfig> {
+    let problem = &GemmProblem {
+        accumulation: arm.accumulation,
+        ..*problem
+    };
     let mut config = choose(problem, gpu.props().sm_count as usize)?;
     if let Some(bn) = arm.block_n {
         config = with_block_n(config, problem, bn).ok_or_else(|| GemmError::Shape {

@@ -55,6 +55,74 @@ pub struct GemmPointers {
     pub out: u64,
 }
 
+/// What the mainloop reads, as its TMA maps view it.
+#[derive(Clone, Copy, Debug)]
+pub struct MainloopOperands {
+    /// e4m3 activations: `rows` rows of K bytes.
+    pub a: u64,
+    pub rows: usize,
+    /// f32 activation scales, K-group-major: `scale_a_dims[1]` rows of `scale_a_dims[0]`.
+    pub scale_a: u64,
+    pub scale_a_dims: [usize; 2],
+    /// e4m3 weights `[E, N, K]` and their f32 scales `[E, N/128, K/128]`.
+    pub b: u64,
+    pub scale_b: u64,
+    pub experts: usize,
+    pub n: usize,
+    pub k: usize,
+    /// Columns of A per activation scale (G).
+    pub group: usize,
+}
+
+impl MainloopOperands {
+    /// The mainloop's params: the operands' maps in boxes of `tile` = [rows, weight rows] (128
+    /// columns of K each), with expired waits recorded in the `megamoe_cuda::WaitRecord` at
+    /// `wait_record` after `timeout_ns`.
+    pub fn params(
+        &self,
+        tile: [usize; 2],
+        wait_record: u64,
+        timeout_ns: u64,
+    ) -> Result<MainloopParams> {
+        let (k, g) = (self.k as u64, self.group);
+        let tma_a = map_2d(
+            TmaDtype::U8,
+            self.a,
+            [k, self.rows as u64],
+            k,
+            [128, tile[0] as u32],
+            Swizzle::B128,
+        )?;
+        let tma_b = map_2d(
+            TmaDtype::U8,
+            self.b,
+            [k, (self.experts * self.n) as u64],
+            k,
+            [128, tile[1] as u32],
+            Swizzle::B128,
+        )?;
+        let [sa_inner, sa_outer] = self.scale_a_dims.map(|d| d as u64);
+        let tma_sa = map_2d(
+            TmaDtype::F32,
+            self.scale_a,
+            [sa_inner, sa_outer],
+            sa_inner * 4,
+            [tile[0] as u32, (128 / g) as u32],
+            Swizzle::None,
+        )?;
+        Ok(MainloopParams {
+            tma_a,
+            tma_b,
+            tma_sa,
+            scale_b: self.scale_b,
+            error: wait_record,
+            timeout_ns,
+            k: self.k as u32,
+            n: self.n as u32,
+        })
+    }
+}
+
 /// Rows of the 2-D view of the activations and the output.
 pub fn view_rows(problem: &GemmProblem, contiguous_rows: usize) -> usize {
     match problem.layout {
@@ -135,36 +203,11 @@ pub fn gemm_params(
     }
     let (e, n, k, g) = (problem.experts, problem.n, problem.k, problem.group_size);
     let rows = view_rows(problem, contiguous_rows).max(1);
-    let kg = (k / g) as u64;
-    let tma_a = map_2d(
-        TmaDtype::U8,
-        ptr.a,
-        [k as u64, rows as u64],
-        k as u64,
-        [128, config.block_m as u32],
-        Swizzle::B128,
-    )?;
-    // Clusters load the weight tile in halves (pipeline/tma_producer.cuh).
-    let tma_b = map_2d(
-        TmaDtype::U8,
-        ptr.b,
-        [k as u64, (e * n) as u64],
-        k as u64,
-        [128, (config.block_n / config.cluster_m) as u32],
-        Swizzle::B128,
-    )?;
-    let (sa_inner, sa_outer) = match problem.layout {
-        Layout::Contiguous { .. } => (rows as u64, kg),
-        Layout::Masked { max_m } => (max_m as u64, e as u64 * kg),
+    let kg = k / g;
+    let scale_a_dims = match problem.layout {
+        Layout::Contiguous { .. } => [rows, kg],
+        Layout::Masked { max_m } => [max_m, e * kg],
     };
-    let tma_sa = map_2d(
-        TmaDtype::F32,
-        ptr.scale_a,
-        [sa_inner, sa_outer],
-        sa_inner * 4,
-        [config.block_m as u32, (128 / g) as u32],
-        Swizzle::None,
-    )?;
     // Only the TMA-store epilogue reads it; the output's element size is 2 bytes then.
     let tma_d = map_2d(
         TmaDtype::Bf16,
@@ -182,17 +225,22 @@ pub fn gemm_params(
         });
     }
     let error = gpu.alloc_zeroed(std::mem::size_of::<WaitRecord>())?;
+    let operands = MainloopOperands {
+        a: ptr.a,
+        rows,
+        scale_a: ptr.scale_a,
+        scale_a_dims,
+        b: ptr.b,
+        scale_b: ptr.scale_b,
+        experts: e,
+        n,
+        k,
+        group: g,
+    };
+    // Clusters load the weight tile in halves (pipeline/tma_producer.cuh).
+    let tile = [config.block_m, config.block_n / config.cluster_m];
     let params = GroupedGemmParams {
-        mainloop: MainloopParams {
-            tma_a,
-            tma_b,
-            tma_sa,
-            scale_b: ptr.scale_b,
-            error: error.ptr(),
-            timeout_ns: deadline_ns(DEFAULT_DEADLINE),
-            k: k as u32,
-            n: n as u32,
-        },
+        mainloop: operands.params(tile, error.ptr(), deadline_ns(DEFAULT_DEADLINE))?,
         scheduler: SchedulerParams {
             expert_rows: ptr.expert_rows,
             num_experts: e as u32,

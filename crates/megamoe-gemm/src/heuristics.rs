@@ -8,11 +8,14 @@
 //! when N is not a multiple of 256; and 64 x 256 (warpgroups split the columns) when experts hold
 //! few rows, where a 128-row block would mostly multiply padding. Stages fill the
 //! shared memory; the grid is one CTA per SM. The 128 x 256 tile also exists on clusters of two
-//! CTAs that multicast the weight tile (`cluster_m`), a benchmark knob not chosen here.
+//! CTAs that multicast the weight tile (`cluster_m`), a benchmark knob not chosen here. Every
+//! tile shape also exists with the running sum kept in the accumulator
+//! ([`Accumulation::Rescaled`], the caller's opt-in, passed through [`GemmProblem`]).
 //!
 //! The tile shapes, the shared-memory plan and the rules for BLOCK_M and BLOCK_N live in
 //! `megamoe_core::plan::heuristics`, which the planner reads too.
 
+pub use megamoe_core::numerics::Accumulation;
 use megamoe_core::plan::heuristics::{block_m, block_n};
 pub use megamoe_core::plan::heuristics::{
     max_stages, smem_bytes, MAX_EXPERTS, MAX_K_BLOCKS, MAX_SMEM_BYTES, MAX_STAGES, TILE_SHAPES,
@@ -63,6 +66,8 @@ pub struct GemmProblem {
     pub out: OutDtype,
     /// Expected rows per expert (tokens·top-k / experts); steers the block shape only.
     pub rows_per_expert: usize,
+    /// How the K loop sums over K (the default promotes each scale group).
+    pub accumulation: Accumulation,
 }
 
 /// One instantiation of the kernel and how it is launched.
@@ -82,6 +87,8 @@ pub struct GemmConfig {
     /// CTAs per cluster: 2 pairs CTAs on m-blocks 2i, 2i + 1 of one expert and n-block, each
     /// loading half the weight tile and multicasting it to both (128 x 256 tiles only).
     pub cluster_m: usize,
+    /// The K loop's accumulation ([`GemmProblem::accumulation`]).
+    pub accumulation: Accumulation,
     pub ctas: usize,
 }
 
@@ -94,7 +101,7 @@ impl GemmConfig {
     /// The kernel symbol of this instantiation.
     pub fn kernel_name(&self) -> String {
         format!(
-            "grouped_gemm_fp8_m{}_n{}_s{}_g{}_{}_{}{}{}",
+            "grouped_gemm_fp8_m{}_n{}_s{}_g{}_{}_{}{}{}{}",
             self.block_m,
             self.block_n,
             self.stages,
@@ -109,6 +116,10 @@ impl GemmConfig {
                 format!("_c{}", self.cluster_m)
             } else {
                 String::new()
+            },
+            match self.accumulation {
+                Accumulation::PerBlock => "",
+                Accumulation::Rescaled => "_rescaled",
             }
         )
     }
@@ -192,6 +203,7 @@ pub fn choose(p: &GemmProblem, sms: usize) -> Result<GemmConfig, GemmError> {
         tma_store: tma_store_applies(matches!(p.layout, Layout::Masked { .. }), p.out),
         group_m: 8,
         cluster_m: 1,
+        accumulation: p.accumulation,
         ctas: sms,
     };
     if std::env::var_os("MEGAMOE_GEMM_LOG").is_some() {
@@ -228,14 +240,16 @@ pub fn with_cluster(config: GemmConfig, p: &GemmProblem, cluster_m: usize) -> Op
     })
 }
 
-/// Every configuration `choose` can return (and the clustered variant of the 128 x 256 tile),
-/// for compile-everything checks.
+/// Every configuration `choose` can return, in either accumulation (and the clustered variant
+/// of the 128 x 256 tile, in either accumulation), for compile-everything checks.
 pub fn all_configs(sms: usize) -> Vec<GemmConfig> {
+    use Accumulation::{PerBlock, Rescaled};
     let mut out = Vec::new();
-    for (block_m, block_n, cluster_m) in TILE_SHAPES
-        .map(|(m, n)| (m, n, 1))
-        .into_iter()
-        .chain([(128, 256, 2)])
+    for (block_m, block_n, cluster_m, accumulation) in TILE_SHAPES
+        .iter()
+        .map(|&(m, n)| (m, n, 1, PerBlock))
+        .chain([(128, 256, 2, PerBlock), (128, 256, 2, Rescaled)])
+        .chain(TILE_SHAPES.iter().map(|&(m, n)| (m, n, 1, Rescaled)))
     {
         for group_size in [128, 64] {
             for masked in [false, true] {
@@ -254,6 +268,7 @@ pub fn all_configs(sms: usize) -> Vec<GemmConfig> {
                             tma_store,
                             group_m: 8,
                             cluster_m,
+                            accumulation,
                             ctas: sms - sms % cluster_m,
                         });
                     }
@@ -277,6 +292,7 @@ mod tests {
             layout,
             out: OutDtype::Bf16,
             rows_per_expert: rows,
+            accumulation: Accumulation::PerBlock,
         }
     }
 
@@ -329,7 +345,7 @@ mod tests {
         assert!(with_block_n(small, &p, 192).is_none(), "no 64 x 192 tile");
         assert_eq!(
             all_configs(132).iter().filter(|c| c.block_n == 192).count(),
-            10
+            20
         );
     }
 
@@ -402,6 +418,7 @@ mod tests {
                         layout: Layout::Masked { max_m: 4096 },
                         out: OutDtype::Bf16,
                         rows_per_expert: rows_per_expert(&s, 8, bound),
+                        accumulation: Accumulation::PerBlock,
                     };
                     let c = choose(&p, 132).unwrap();
                     let want = (plan.block_m, block_n, stages);
@@ -411,6 +428,59 @@ mod tests {
                         "{} at {bound}",
                         preset.name
                     );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_rescaled_accumulation_exists_for_every_tile_choose_picks_and_nothing_else_changes() {
+        let configs = all_configs(132);
+        let rescaled: Vec<_> = configs
+            .iter()
+            .filter(|c| c.accumulation == Accumulation::Rescaled)
+            .collect();
+        // Every promoted configuration, once more rescaled.
+        assert_eq!(rescaled.len(), 50);
+        assert_eq!(configs.len(), 100);
+        for c in rescaled {
+            assert!(
+                c.kernel_name().ends_with("_rescaled"),
+                "{}",
+                c.kernel_name()
+            );
+            let promoted = GemmConfig {
+                accumulation: Accumulation::PerBlock,
+                ..*c
+            };
+            assert!(configs.contains(&promoted), "{c:?}");
+            assert_eq!(
+                c.kernel_name(),
+                format!("{}_rescaled", promoted.kernel_name())
+            );
+        }
+        for rows in [1, 32, 64, 512, 4096] {
+            for layout in [
+                Layout::Contiguous { pad: 128 },
+                Layout::Masked { max_m: 64 },
+            ] {
+                for group_size in [64, 128] {
+                    let p = problem(rows, layout, group_size);
+                    let promoted = choose(&p, 132).unwrap();
+                    assert_eq!(promoted.accumulation, Accumulation::PerBlock);
+                    let p = GemmProblem {
+                        accumulation: Accumulation::Rescaled,
+                        ..p
+                    };
+                    let c = choose(&p, 132).unwrap();
+                    assert_eq!(
+                        c,
+                        GemmConfig {
+                            accumulation: Accumulation::Rescaled,
+                            ..promoted
+                        }
+                    );
+                    assert!(configs.contains(&c), "{c:?}");
                 }
             }
         }

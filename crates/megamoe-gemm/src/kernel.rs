@@ -3,13 +3,14 @@
 use megamoe_cuda::jit::Headers;
 use megamoe_cuda::KernelSpec;
 
-use crate::heuristics::{all_configs, GemmConfig, OutDtype};
+use crate::heuristics::{all_configs, Accumulation, GemmConfig, OutDtype};
 
 /// This crate's device headers, included as `<megamoe_gemm/...>`; the PTX wrappers are
 /// megamoe-cuda's (`<megamoe/ptx/...>`, namespace `megamoe::ptx`).
 pub const HEADERS: Headers = megamoe_cuda::header_set!(
     "device",
     [
+        "megamoe_gemm/pipeline/roles.cuh",
         "megamoe_gemm/pipeline/barriers.cuh",
         "megamoe_gemm/mma/wgmma.cuh",
         "megamoe_gemm/mma/mainloop_params.cuh",
@@ -38,12 +39,14 @@ pub fn kernel_spec(config: &GemmConfig) -> KernelSpec {
     let name = config.kernel_name();
     let source = format!(
         "#include <megamoe_gemm/impls/grouped_gemm.cuh>\n\
+         static_assert(megamoe::gemm::SmemLayout<{bm}, {bn}, {stages}, {g}>::kBytes + 1024 == {smem},\n\
+         \x20             \"the host's shared-memory plan\");\n\
          extern \"C\" __global__ void __launch_bounds__({THREADS}, 1)\n\
          {name}(const __grid_constant__ megamoe::gemm::GroupedGemmParams p) {{\n\
          \x20   using Scheduler = megamoe::gemm::TileScheduler<{bm}, {bn}, {masked}, {cluster}>;\n\
          \x20   using Epilogue = megamoe::gemm::{epilogue};\n\
-         \x20   megamoe::gemm::grouped_gemm_fp8<{bm}, {bn}, {stages}, {g}, {masked}, {cluster}, Scheduler,\n\
-         \x20                                   Epilogue>(p, Epilogue{{p.epilogue}});\n\
+         \x20   megamoe::gemm::grouped_gemm_fp8<{bm}, {bn}, {stages}, {g}, {masked}, {cluster}, {rescaled},\n\
+         \x20                                   Scheduler, Epilogue>(p, Epilogue{{p.epilogue}});\n\
          }}\n",
         bm = config.block_m,
         bn = config.block_n,
@@ -51,6 +54,8 @@ pub fn kernel_spec(config: &GemmConfig) -> KernelSpec {
         g = config.group_size,
         masked = config.masked,
         cluster = config.cluster_m,
+        smem = config.smem_bytes(),
+        rescaled = config.accumulation == Accumulation::Rescaled,
     );
     KernelSpec {
         name: name.clone(),

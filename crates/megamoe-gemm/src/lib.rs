@@ -20,15 +20,27 @@
 //! epilogue/, impls/) and is compiled per configuration by megamoe-cuda's JIT
 //! ([`kernel::kernel_specs`] lists every configuration the heuristics can pick).
 //! `MEGAMOE_GEMM_LOG=1` prints each chosen configuration.
+//!
+//! The API is at the crate root: [`GroupedGemm`] over [`GemmPointers`], the problem and the
+//! configuration the heuristics [`choose`], the errors. The modules the layer's fused kernel
+//! builds on stay public: [`heuristics`] (every configuration rule), [`grouped`] (the params of
+//! one problem, the waits), [`kernel`] (headers, thread count, kernel specs) and [`params`]
+//! (the device params structs). With the `harness` feature (the command line turns it on):
+//! `checks`, the GPU checks of `megamoe selftest`, `bench`, the GEMM benchmark, and their
+//! operands (`testdata`) and CPU reference (`reference`).
 
+#[cfg(feature = "harness")]
 pub mod bench;
+#[cfg(feature = "harness")]
 pub mod checks;
-pub mod error;
+mod error;
 pub mod grouped;
 pub mod heuristics;
 pub mod kernel;
 pub mod params;
+#[cfg(feature = "harness")]
 pub mod reference;
+#[cfg(feature = "harness")]
 pub mod testdata;
 
 pub use error::{GemmError, Result};

@@ -1,7 +1,7 @@
 //! Arbitrary problems to the kernel choice: `validate` names the first broken rule, and every
 //! problem it accepts gets a configuration whose tile fits the problem as the kernels need it.
 
-use megamoe_gemm::heuristics::{validate, TILE_SHAPES};
+use megamoe_gemm::heuristics::{validate, Accumulation, TILE_SHAPES};
 use megamoe_gemm::{choose, GemmError, GemmProblem, Layout, OutDtype};
 use proptest::prelude::*;
 
@@ -61,10 +61,12 @@ proptest! {
         layout in any_layout(),
         bf16_out in any::<bool>(),
         rows_per_expert in prop_oneof![0usize..200, Just(usize::MAX)],
+        rescaled in any::<bool>(),
         sms in 1usize..200,
     ) {
         let out = if bf16_out { OutDtype::Bf16 } else { OutDtype::F32 };
-        let p = GemmProblem { experts, n, k, group_size, layout, out, rows_per_expert };
+        let accumulation = if rescaled { Accumulation::Rescaled } else { Accumulation::PerBlock };
+        let p = GemmProblem { experts, n, k, group_size, layout, out, rows_per_expert, accumulation };
         let want = fault(&p);
         match (validate(&p), want) {
             (Ok(()), None) => {}
@@ -84,6 +86,7 @@ proptest! {
                 }
                 prop_assert_eq!(c.masked, matches!(layout, Layout::Masked { .. }));
                 prop_assert_eq!(c.ctas, sms);
+                prop_assert_eq!(c.accumulation, accumulation);
             }
             // Only 64-row segments narrow the tiles further: they need N a multiple of 256.
             Err(GemmError::Shape { arg, .. }) => {

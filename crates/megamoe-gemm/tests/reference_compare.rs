@@ -1,7 +1,7 @@
 //! The comparison used by the GPU checks catches unwritten rows, rows written past a masked
 //! count, and wrong values; an exact copy of the reference passes.
 
-use megamoe_gemm::heuristics::{GemmProblem, Layout, OutDtype};
+use megamoe_gemm::heuristics::{Accumulation, GemmProblem, Layout, OutDtype};
 use megamoe_gemm::testdata::{compare, HostOperands};
 
 fn problem(layout: Layout) -> GemmProblem {
@@ -13,6 +13,7 @@ fn problem(layout: Layout) -> GemmProblem {
         layout,
         out: OutDtype::F32,
         rows_per_expert: 4,
+        accumulation: Accumulation::PerBlock,
     }
 }
 

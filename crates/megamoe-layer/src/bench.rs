@@ -6,11 +6,11 @@
 
 use megamoe_core::floor::floor_seconds;
 use megamoe_core::routing::{generate_world, RoutingSpec};
-use megamoe_core::{Shape, WeightGen};
+use megamoe_core::{Accumulation, Shape, WeightGen, WorldInputs};
 use megamoe_cuda::bench::Stats;
 
 use crate::error::Result;
-use crate::fused::{FusedLayer, FusedOptions, TraceReport};
+use crate::fused::{FusedLayer, FusedOptions, FusedStaged, TraceReport};
 use crate::inputs::{fp8_inputs, quantize_inputs};
 use crate::spec::{Kind, LayerSpec};
 use crate::split::{Phase, SplitLayer};
@@ -31,6 +31,8 @@ pub struct LayerBench {
     pub fused: bool,
     /// The fused arm runs the kernel that records its timeline, and each cell reports it.
     pub trace: bool,
+    /// How every arm's GEMMs sum over K.
+    pub accumulation: Accumulation,
 }
 
 /// One measured cell.
@@ -69,119 +71,158 @@ pub struct FusedCell {
 
 /// Runs every cell.
 pub fn run(b: &LayerBench, progress: &dyn Fn(&str)) -> Result<Vec<LayerRow>> {
-    let max_tokens = b.tokens.iter().copied().max().unwrap_or(1).max(1);
-    let mut spec = LayerSpec::new(b.shape, b.ranks, max_tokens);
-    spec.comm_sms = b.comm_sms;
-    let gen = WeightGen::new(b.shape, b.routing.seed);
-    progress("generating and loading the weights");
-    let mut layer = SplitLayer::new(spec, |r| gen.rank_fp8(r, b.ranks))?;
-    let mut fused = if b.fused {
-        let spec = LayerSpec {
-            kind: Kind::Fused,
-            ..spec
-        };
-        let options = FusedOptions {
-            trace: b.trace,
-            ..FusedOptions::default()
-        };
-        Some(FusedLayer::with_options(
-            spec,
-            |r| gen.rank_fp8(r, b.ranks),
-            options,
-        )?)
-    } else {
-        None
-    };
+    let (mut layer, mut fused) = layers(b, progress)?;
     let mut rows = Vec::new();
     for &tokens in &b.tokens {
         progress(&format!("{tokens} tokens per rank"));
-        let world = generate_world(b.shape, b.ranks, tokens, &b.routing)?;
-        let quant = quantize_inputs(&world);
-        let inputs = fp8_inputs(&world, &quant);
-        let staged = layer.stage(&inputs, None)?;
-        // A first call fills the pool the GEMM-only arm reads, and compiles its kernels.
-        layer.launch(&staged)?;
-        layer.finish()?;
-        let gemms = layer.gemms_only(&staged)?;
-        let fused_staged = match fused.as_mut() {
-            Some(f) => {
-                // The bound of the call (a serving engine passes its batch's): the order and
-                // ring of this token count, not of the buffer's capacity.
-                let st = f.stage(&inputs, Some(tokens))?;
-                f.launch(&st)?;
-                f.finish()?;
-                Some(st)
-            }
-            None => None,
-        };
-        let mut split = Vec::new();
-        let mut alone = Vec::new();
-        let mut fused_ms = Vec::new();
-        for round in 0..b.rounds {
-            // A B C, C B A, A B C, ...
-            let arms = if round % 2 == 0 { [0, 1, 2] } else { [2, 1, 0] };
-            for arm in arms {
-                match arm {
-                    0 => split.push(time(&mut layer, b.iters, |l| l.launch(&staged))?),
-                    1 => alone.push(time(&mut layer, b.iters, |l| gemms.launch(l))?),
-                    _ => {
-                        if let (Some(f), Some(st)) = (fused.as_mut(), fused_staged.as_ref()) {
-                            fused_ms.push(time(f, b.iters, |f| f.launch(st))?);
-                        }
+        rows.push(cell(b, &mut layer, fused.as_mut(), tokens)?);
+    }
+    Ok(rows)
+}
+
+/// The split layer and, with [`LayerBench::fused`], the fused one, sized for the largest cell.
+fn layers(b: &LayerBench, progress: &dyn Fn(&str)) -> Result<(SplitLayer, Option<FusedLayer>)> {
+    let max_tokens = b.tokens.iter().copied().max().unwrap_or(1).max(1);
+    let mut spec = LayerSpec::new(b.shape, b.ranks, max_tokens);
+    spec.comm_sms = b.comm_sms;
+    spec.accumulation = b.accumulation;
+    let gen = WeightGen::new(b.shape, b.routing.seed);
+    progress("generating and loading the weights");
+    let layer = SplitLayer::new(spec, |r| gen.rank_fp8(r, b.ranks))?;
+    if !b.fused {
+        return Ok((layer, None));
+    }
+    let spec = LayerSpec {
+        kind: Kind::Fused,
+        ..spec
+    };
+    let options = FusedOptions {
+        trace: b.trace,
+        ..FusedOptions::default()
+    };
+    let fused = FusedLayer::with_options(spec, |r| gen.rank_fp8(r, b.ranks), options)?;
+    Ok((layer, Some(fused)))
+}
+
+/// The per-round times of one cell's arms, ms: split, the GEMMs alone, fused (empty without
+/// the fused layer).
+struct Rounds {
+    split: Vec<f64>,
+    alone: Vec<f64>,
+    fused: Vec<f64>,
+}
+
+/// One cell: `tokens` per rank on a generated routing, every arm timed in rounds, then each
+/// phase alone.
+fn cell(
+    b: &LayerBench,
+    layer: &mut SplitLayer,
+    mut fused: Option<&mut FusedLayer>,
+    tokens: usize,
+) -> Result<LayerRow> {
+    let world = generate_world(b.shape, b.ranks, tokens, &b.routing)?;
+    let quant = quantize_inputs(&world);
+    let inputs = fp8_inputs(&world, &quant);
+    let staged = layer.stage(&inputs, None)?;
+    // A first call fills the pool the GEMM-only arm reads, and compiles its kernels.
+    layer.launch(&staged)?;
+    layer.finish()?;
+    let gemms = layer.gemms_only(&staged)?;
+    let fused_staged = match fused.as_deref_mut() {
+        Some(f) => {
+            // The bound of the call (a serving engine passes its batch's): the order and
+            // ring of this token count, not of the buffer's capacity.
+            let st = f.stage(&inputs, Some(tokens))?;
+            f.launch(&st)?;
+            f.finish()?;
+            Some(st)
+        }
+        None => None,
+    };
+    let mut t = Rounds {
+        split: Vec::new(),
+        alone: Vec::new(),
+        fused: Vec::new(),
+    };
+    for round in 0..b.rounds {
+        // A B C, C B A, A B C, ...
+        let arms = if round % 2 == 0 { [0, 1, 2] } else { [2, 1, 0] };
+        for arm in arms {
+            match arm {
+                0 => t.split.push(time(layer, b.iters, |l| l.launch(&staged))?),
+                1 => t.alone.push(time(layer, b.iters, |l| gemms.launch(l))?),
+                _ => {
+                    if let (Some(f), Some(st)) = (fused.as_deref_mut(), fused_staged.as_ref()) {
+                        t.fused.push(time(f, b.iters, |f| f.launch(st))?);
                     }
                 }
             }
         }
-        let mut phases_us = [0.0; 4];
-        for (us, phase) in phases_us.iter_mut().zip(Phase::ALL) {
-            *us = time(&mut layer, b.iters, |l| l.launch_phase(&staged, phase))? * 1e3;
-        }
-        let ratios: Vec<f64> = split.iter().zip(&alone).map(|(s, g)| s / g).collect();
-        let valid_slots = world.valid_slots();
-        let flops = valid_slots as f64 * b.shape.flops_per_slot();
-        let experts_hit = experts_receiving(
-            &world
-                .ranks
-                .iter()
-                .flat_map(|r| r.topk_idx.iter().copied())
-                .collect::<Vec<_>>(),
-            b.shape.experts,
-        );
-        let weight_bytes = experts_hit as f64 * 3.0 * (b.shape.hidden * b.shape.inter) as f64;
-        // Every rank does 1/R of the work at once.
-        let floor_s = floor_seconds(flops / b.ranks as f64, weight_bytes / b.ranks as f64, 0.0);
-        let split_us = Stats::of(&split).median_ms * 1e3;
-        let fused_cell = match (fused.as_ref(), fused_staged) {
-            (Some(f), Some(st)) => {
-                let r: Vec<f64> = fused_ms.iter().zip(&split).map(|(f, s)| f / s).collect();
-                Some(FusedCell {
-                    us: Stats::of(&fused_ms).median_ms * 1e3,
-                    ratio_min: r.iter().copied().fold(f64::INFINITY, f64::min),
-                    ratio_max: r.iter().copied().fold(0.0, f64::max),
-                    lag_units: st.lag_units(),
-                    trace: if b.trace {
-                        Some(f.trace_report(0)?)
-                    } else {
-                        None
-                    },
-                })
-            }
-            _ => None,
-        };
-        rows.push(LayerRow {
-            fused: fused_cell,
-            tokens,
-            valid_slots,
-            split_us,
-            gemms_us: Stats::of(&alone).median_ms * 1e3,
-            ratio_min: ratios.iter().copied().fold(f64::INFINITY, f64::min),
-            ratio_max: ratios.iter().copied().fold(0.0, f64::max),
-            floor_us: floor_s * 1e6,
-            tflops: flops / b.ranks as f64 / (split_us * 1e-6) / 1e12,
-            phases_us,
-        });
     }
-    Ok(rows)
+    let mut phases_us = [0.0; 4];
+    for (us, phase) in phases_us.iter_mut().zip(Phase::ALL) {
+        *us = time(layer, b.iters, |l| l.launch_phase(&staged, phase))? * 1e3;
+    }
+    let fused_cell = match (fused.as_deref(), fused_staged) {
+        (Some(f), Some(st)) => Some(fused_cell(b, f, &st, &t)?),
+        _ => None,
+    };
+    Ok(row(b, tokens, &world, &t, fused_cell, phases_us))
+}
+
+/// The fused arm's cell from the rounds' times.
+fn fused_cell(b: &LayerBench, f: &FusedLayer, st: &FusedStaged, t: &Rounds) -> Result<FusedCell> {
+    let r: Vec<f64> = t.fused.iter().zip(&t.split).map(|(f, s)| f / s).collect();
+    Ok(FusedCell {
+        us: Stats::of(&t.fused).median_ms * 1e3,
+        ratio_min: r.iter().copied().fold(f64::INFINITY, f64::min),
+        ratio_max: r.iter().copied().fold(0.0, f64::max),
+        lag_units: st.lag_units(),
+        trace: if b.trace {
+            Some(f.trace_report(0)?)
+        } else {
+            None
+        },
+    })
+}
+
+/// The row of a cell of `tokens` per rank (`world`) from the rounds' times: medians, the split / GEMMs band, the
+/// floor and the split layer's rate.
+fn row(
+    b: &LayerBench,
+    tokens: usize,
+    world: &WorldInputs,
+    t: &Rounds,
+    fused: Option<FusedCell>,
+    phases_us: [f64; 4],
+) -> LayerRow {
+    let ratios: Vec<f64> = t.split.iter().zip(&t.alone).map(|(s, g)| s / g).collect();
+    let valid_slots = world.valid_slots();
+    let flops = valid_slots as f64 * b.shape.flops_per_slot();
+    let experts_hit = experts_receiving(
+        &world
+            .ranks
+            .iter()
+            .flat_map(|r| r.topk_idx.iter().copied())
+            .collect::<Vec<_>>(),
+        b.shape.experts,
+    );
+    let weight_bytes = experts_hit as f64 * 3.0 * (b.shape.hidden * b.shape.inter) as f64;
+    // Every rank does 1/R of the work at once.
+    let floor_s = floor_seconds(flops / b.ranks as f64, weight_bytes / b.ranks as f64, 0.0);
+    let split_us = Stats::of(&t.split).median_ms * 1e3;
+    LayerRow {
+        fused,
+        tokens,
+        valid_slots,
+        split_us,
+        gemms_us: Stats::of(&t.alone).median_ms * 1e3,
+        ratio_min: ratios.iter().copied().fold(f64::INFINITY, f64::min),
+        ratio_max: ratios.iter().copied().fold(0.0, f64::max),
+        floor_us: floor_s * 1e6,
+        tflops: flops / b.ranks as f64 / (split_us * 1e-6) / 1e12,
+        phases_us,
+    }
 }
 
 /// Distinct experts named by valid slots.

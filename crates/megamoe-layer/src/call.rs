@@ -1,6 +1,9 @@
 //! The per-rank inputs of one call, shared by both kinds: host slices or device tensors
-//! ([`Activations`], [`RankInput`], [`DeviceActivations`], [`DeviceRankTensors`]), and the host
-//! checks of a call (`check_call`) that run before anything is written.
+//! ([`Activations`], [`RankInput`], [`DeviceActivations`], [`DeviceRankTensors`]); every host
+//! check of a call, run before anything is written (`check_call` for host inputs,
+//! `check_device_tokens` for device tensors whose values the device checks, `check_lengths`,
+//! `check_no_recv_stats` and `narrow` for the calls on device tensors the host reads); and the
+//! copies that hand a call's outputs back.
 
 use std::ops::Range;
 
@@ -135,6 +138,36 @@ pub(crate) fn check_lengths(local: usize, tensors: usize, streams: usize) -> Res
     Ok(())
 }
 
+/// No tensor set of a call the host reads counts received rows (`recv_stats`): only calls
+/// checked on the device do.
+pub(crate) fn check_no_recv_stats(tensors: &[DeviceRankTensors]) -> Result<()> {
+    if tensors.iter().any(|t| t.recv_stats.is_some()) {
+        return Err(Error::Value {
+            arg: "recv_stats",
+            value: "given".into(),
+            reason: "only calls checked on the device (launch_device) count received rows".into(),
+        }
+        .into());
+    }
+    Ok(())
+}
+
+/// i64 expert ids as the i32 the layer takes; a value outside i32 is out of range whatever E is.
+pub(crate) fn narrow(idx: &[i64], topk: usize, experts: usize) -> megamoe_core::Result<Vec<i32>> {
+    idx.iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            i32::try_from(v).map_err(|_| Error::ExpertOutOfRange {
+                arg: "topk_idx",
+                row: i / topk,
+                slot: i % topk,
+                value: v,
+                experts,
+            })
+        })
+        .collect()
+}
+
 /// The T of each rank of `ranks` (the ranks this process holds, one input each), after
 /// checking the input count, every input and the bound (at least each of these ranks' T, at
 /// most T_max), before anything is written.
@@ -156,6 +189,32 @@ pub(crate) fn check_call(
     for (r, input) in ranks.zip(inputs) {
         let t = check_input(s, input).map_err(|e| LayerError::input(r, e))?;
         tokens.push(t);
+    }
+    check_bound(s, &tokens, num_tokens_bound)?;
+    Ok(tokens)
+}
+
+/// The T of each rank of `ranks` (the ranks this process holds, one tensor set each) of a call
+/// on device tensors, after checking each T against T_max and the bound (at least each of
+/// these ranks' T, at most T_max); the values are the device's to check.
+pub(crate) fn check_device_tokens(
+    s: &LayerSpec,
+    ranks: Range<usize>,
+    tensors: &[DeviceRankTensors],
+    num_tokens_bound: Option<usize>,
+) -> Result<Vec<usize>> {
+    let mut tokens = Vec::with_capacity(tensors.len());
+    for (r, t) in ranks.zip(tensors) {
+        let got = t.x.tokens();
+        if got > s.max_tokens {
+            let e = Error::Capacity {
+                arg: "x",
+                got,
+                capacity: s.max_tokens,
+            };
+            return Err(LayerError::input(r, e));
+        }
+        tokens.push(got);
     }
     check_bound(s, &tokens, num_tokens_bound)?;
     Ok(tokens)
@@ -226,6 +285,25 @@ fn check_input(spec: &LayerSpec, input: &RankInput) -> megamoe_core::Result<usiz
     Ok(t)
 }
 
+/// Every rank's output of a finished call, downloaded: bf16 `[T, H]` from where `output(rank)`
+/// says it is (a buffer and a byte offset), `tokens[rank]` rows each.
+pub(crate) fn download_outputs<'a>(
+    tokens: &[usize],
+    hidden: usize,
+    output: impl Fn(usize) -> (&'a DeviceBuffer, usize),
+) -> Result<Vec<Vec<bf16>>> {
+    tokens
+        .iter()
+        .enumerate()
+        .map(|(r, &t)| {
+            let mut y = vec![bf16::ZERO; t * hidden];
+            let (buf, offset) = output(r);
+            buf.download_into(offset, &mut y)?;
+            Ok(y)
+        })
+        .collect()
+}
+
 /// Copies `bytes` between device addresses on `gpu`'s stream and waits for the copy: the
 /// caller's tensors are free to reuse, and `y` written, once a call returns. The layer's
 /// buffers of a rank are allocated by its GPU handle, so the copy is ordered with their
@@ -245,6 +323,24 @@ pub(crate) mod tests {
     use megamoe_core::routing::validate_rank;
     use megamoe_core::{Preset, RankInputs};
     use proptest::prelude::*;
+
+    #[test]
+    fn wide_expert_ids_narrow_or_are_named_out_of_range() {
+        assert_eq!(narrow(&[0, -1, 15, 3], 2, 16).unwrap(), vec![0, -1, 15, 3]);
+        let e = narrow(&[0, 1, 2, 1 << 32], 2, 16).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::ExpertOutOfRange {
+                    arg: "topk_idx",
+                    row: 1,
+                    slot: 1,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
 
     /// An exchange for tests whose arguments must be rejected before any exchange (either
     /// kind's construction).

@@ -19,7 +19,8 @@
 use megamoe_core::Error;
 
 use crate::call::{
-    check_lengths, copy_and_wait, Activations, DeviceRankTensors, IndexType, RankInput,
+    check_lengths, check_no_recv_stats, copy_and_wait, narrow, Activations, DeviceRankTensors,
+    IndexType, RankInput,
 };
 use crate::error::{LayerError, Result};
 #[cfg(doc)]
@@ -54,15 +55,7 @@ impl MoeLayer {
         let spec = *self.spec();
         let local = self.local_ranks();
         check_lengths(local.len(), tensors.len(), streams.len())?;
-        if tensors.iter().any(|t| t.recv_stats.is_some()) {
-            return Err(Error::Value {
-                arg: "recv_stats",
-                value: "given".into(),
-                reason: "only calls checked on the device (launch_device) count received rows"
-                    .into(),
-            }
-            .into());
-        }
+        check_no_recv_stats(tensors)?;
         let k = spec.shape.topk;
         let mut routing = Vec::with_capacity(local.len());
         for (r, (t, &stream)) in local.clone().zip(tensors.iter().zip(streams)) {
@@ -156,43 +149,4 @@ fn split_reads_the_host() -> LayerError {
             .into(),
     }
     .into()
-}
-
-/// i64 expert ids as the i32 the layer takes; a value outside i32 is out of range whatever E is.
-fn narrow(idx: &[i64], topk: usize, experts: usize) -> megamoe_core::Result<Vec<i32>> {
-    idx.iter()
-        .enumerate()
-        .map(|(i, &v)| {
-            i32::try_from(v).map_err(|_| Error::ExpertOutOfRange {
-                arg: "topk_idx",
-                row: i / topk,
-                slot: i % topk,
-                value: v,
-                experts,
-            })
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn wide_expert_ids_narrow_or_are_named_out_of_range() {
-        assert_eq!(narrow(&[0, -1, 15, 3], 2, 16).unwrap(), vec![0, -1, 15, 3]);
-        let e = narrow(&[0, 1, 2, 1 << 32], 2, 16).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                Error::ExpertOutOfRange {
-                    arg: "topk_idx",
-                    row: 1,
-                    slot: 1,
-                    ..
-                }
-            ),
-            "{e}"
-        );
-    }
 }

@@ -17,34 +17,44 @@
 use std::sync::Arc;
 
 use half::bf16;
-use megamoe_core::plan::rules::{call_order, Order, RingSizing, SLOT_ROWS};
-use megamoe_core::plan::{Kernel, StreamParams, SymmetricLayout, Task, TaskKind};
+use megamoe_core::plan::buffer::MAX_RANKS;
+use megamoe_core::plan::layout::FusedOffsets;
+use megamoe_core::plan::rules::{call_order, Order, SLOT_ROWS};
+use megamoe_core::plan::SymmetricLayout;
 use megamoe_core::weights::RankWeightsFp8;
 use megamoe_core::Error;
 use megamoe_cuda::wait::{deadline_ns, DEFAULT_DEADLINE};
 use megamoe_cuda::{
-    jit, AllGather, DeviceBuffer, Gpu, Kernel as CudaKernel, LaunchConfig, Quantizer,
+    jit, AllGather, DeviceBuffer, Gpu, Kernel as CudaKernel, LaunchConfig, Quantizer, Rank,
     SymmetricBuffer, WaitNames, World,
 };
 use megamoe_ep::params::ErrorRecord;
-use megamoe_gemm::grouped::gemm_params;
-use megamoe_gemm::heuristics::{GemmConfig, GemmProblem, Layout, OutDtype};
-use megamoe_gemm::GemmPointers;
+use megamoe_gemm::grouped::MainloopOperands;
+use megamoe_gemm::kernel::THREADS;
 
 use crate::call::{
-    check_bound, check_call, check_lengths, Activations, DeviceRankTensors, IndexType, RankInput,
+    check_call, check_device_tokens, check_lengths, download_outputs, Activations,
+    DeviceRankTensors, IndexType, RankInput,
 };
 use crate::error::{LayerError, Result};
-use crate::inputs::{append_staged, download_outputs};
 use crate::kernel::{
-    comm_sms, fused_smem_bytes, fused_spec, l1_config, FusedParams, FusedProbeParams, FusedRegions,
-    SwigluQuant, FUSED_BAD_BOUND, FUSED_CORRUPT_COUNT, FUSED_NO_FAULT, FUSED_RING_OVERFLOW,
-    FUSED_SLOW_PEER, FUSED_STOP_AFTER_ROUTING, FUSED_STOP_MID_COMBINE, FUSED_STOP_MID_TASKS,
-    FUSED_THREADS,
+    comm_sms, fused_smem_bytes, fused_spec, FusedParams, FusedProbe, FusedProbeParams,
+    FusedRegions, SwigluQuant, FUSED_BAD_BOUND, FUSED_BLOCK_N, FUSED_NO_FAULT, FUSED_RING_OVERFLOW,
 };
-use crate::spec::{LayerSpec, POOL_PAD};
+use crate::spec::LayerSpec;
 use crate::stage::{StageParams, Stager};
-use crate::weights;
+use crate::weights::{self, DeviceWeights};
+
+#[cfg(feature = "harness")]
+mod inspect;
+mod probe;
+mod trace;
+
+#[cfg(feature = "harness")]
+pub(crate) use probe::Fault;
+use probe::Probe;
+pub use trace::{KindTrace, TraceReport};
+use trace::{CTA_TRACE_BYTES, TASK_TRACE_BYTES};
 
 /// The names of the fused kernel's own waits (`FusedWait` in
 /// device/megamoe_layer/comm/flags.cuh), beside the GEMM's and megamoe-ep's signal waits.
@@ -105,7 +115,7 @@ struct FusedRank {
     kernel: Arc<CudaKernel>,
     params: FusedParams,
     /// W1 (interleaved), its scales, W2, its scales: read through the params only.
-    _weights: [DeviceBuffer; 4],
+    _weights: DeviceWeights,
     x_bf16: DeviceBuffer,
     y: DeviceBuffer,
     quantizer: Quantizer,
@@ -113,6 +123,101 @@ struct FusedRank {
     trace: Option<DeviceBuffer>,
     /// The staging of calls the host does not read ([`FusedLayer::launch_device`]).
     stage: Stager,
+}
+
+impl FusedRank {
+    /// Rank `rank`'s weights, output, staging and parameters over `regions`; `trace_ctas`: a
+    /// timeline for launches of that many CTAs.
+    fn new(
+        spec: &LayerSpec,
+        weights: impl Fn(usize) -> megamoe_core::Result<RankWeightsFp8>,
+        rank: &Rank,
+        kernel: Arc<CudaKernel>,
+        regions: FusedRegions,
+        offsets: &FusedOffsets,
+        trace_ctas: Option<usize>,
+    ) -> Result<FusedRank> {
+        let gpu = rank.gpu.clone();
+        let el = spec.shape.local_experts(spec.ranks);
+        let weights = weights::upload(&gpu, rank.rank, weights, &spec.shape, el)?;
+        let hidden = spec.shape.hidden;
+        let y = gpu.alloc_zeroed(regions.t_cap as usize * hidden * 2)?;
+        let trace = match trace_ctas {
+            Some(ctas) => Some(gpu.alloc_zeroed(trace_bytes(&regions, ctas))?),
+            None => None,
+        };
+        Ok(FusedRank {
+            params: fused_params(spec, rank, regions, offsets, &weights, y.ptr())?,
+            stage: Stager::new(&gpu)?,
+            quantizer: Quantizer::new(&gpu)?,
+            x_bf16: gpu.alloc(spec.max_tokens * hidden * 2)?,
+            kernel,
+            gpu,
+            _weights: weights,
+            y,
+            trace,
+        })
+    }
+}
+
+/// Rank `rank`'s parameters: both GEMMs' mainloops over the ring's pools and the rank's
+/// weights, the SwiGLU epilogue into the L2 pool, and `regions` with the rank's own fields
+/// (its output `y`, its wait record, which every wait of the kernel shares).
+fn fused_params(
+    spec: &LayerSpec,
+    rank: &Rank,
+    regions: FusedRegions,
+    off: &FusedOffsets,
+    w: &DeviceWeights,
+    y: u64,
+) -> Result<FusedParams> {
+    let base = regions.peer_base[rank.rank];
+    let (h, i) = (spec.shape.hidden, spec.shape.inter);
+    let rows = regions.ring_rows as usize;
+    let (record, timeout_ns) = (rank.wait_record(), deadline_ns(rank.deadline()));
+    let mainloop = |a, scale_a, b: &DeviceBuffer, scale_b: &DeviceBuffer, n, k, group| {
+        let operands = MainloopOperands {
+            a: base + a,
+            rows,
+            scale_a: base + scale_a,
+            scale_a_dims: [rows, k / group],
+            b: b.ptr(),
+            scale_b: scale_b.ptr(),
+            experts: spec.shape.local_experts(spec.ranks),
+            n,
+            k,
+            group,
+        };
+        operands.params([SLOT_ROWS, FUSED_BLOCK_N], record, timeout_ns)
+    };
+    let (l2_pool, l2_scales) = (base + off.l2_pool, base + off.l2_pool_scales);
+    Ok(FusedParams {
+        l1: mainloop(off.l1_pool, off.l1_pool_scales, &w.w1, &w.s1, 2 * i, h, 128)?,
+        l2: mainloop(
+            off.l2_pool,
+            off.l2_pool_scales,
+            &w.w2,
+            &w.s2,
+            h,
+            i,
+            spec.group,
+        )?,
+        swiglu: SwigluQuant::new(spec, l2_pool, l2_scales, base + off.ring_weights, rows),
+        r: FusedRegions {
+            y,
+            wait_record: record,
+            deadline_ns: timeout_ns,
+            rank: rank.rank as i32,
+            ..regions
+        },
+    })
+}
+
+/// Bytes of the timeline of a launch of `ctas` CTAs: a [`CtaTrace`] per CTA, then a
+/// [`TaskTrace`] per task of the largest call, spread over the CTAs (impls/fused_trace.cuh).
+fn trace_bytes(regions: &FusedRegions, ctas: usize) -> usize {
+    let tasks = (regions.max_blocks as usize * (regions.n1 + regions.n2) as usize).div_ceil(ctas);
+    ctas * (CTA_TRACE_BYTES + tasks * TASK_TRACE_BYTES)
 }
 
 /// How a fused layer is built beyond its spec.
@@ -138,41 +243,12 @@ impl Default for FusedOptions {
     }
 }
 
-/// Bytes of the device's `CtaTrace` and `TaskTrace` (impls/fused_trace.cuh).
-const CTA_TRACE_BYTES: usize = 56;
-const TASK_TRACE_BYTES: usize = 80;
-
-/// Where one call's time went on one rank, from the traced kernel's timeline (µs).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct TraceReport {
-    /// Median over CTAs of each phase: routing exchange, plan (to the grid barrier), tasks,
-    /// wait for every rank's rows, combine.
-    pub phases_us: [f64; 5],
-    /// Per task kind (L1, L2): tasks, and the mean of the producer's wait on the block counter,
-    /// the consumers' gap before the task (from the previous task's end), mainloop and epilogue;
-    /// and the median mainloop, which a few long waits for data do not move.
-    pub kinds: [KindTrace; 2],
-    /// Σ mainloop / Σ (tasks phase) over the consumer warpgroups: how busy the tensor cores' feeders were.
-    pub mainloop_share: f64,
-    /// Tokens combined early: by CTAs done with their tasks, while they waited for every rank's
-    /// rows (counted in the wait phase), over all CTAs.
-    pub combined_early: u64,
-}
-
-#[derive(Clone, Copy, Debug, Default)]
-pub struct KindTrace {
-    pub tasks: usize,
-    pub producer_wait_us: f64,
-    pub gap_us: f64,
-    pub mainloop_us: f64,
-    pub epilogue_us: f64,
-    pub mainloop_median_us: f64,
-}
-
 /// The fused MoE layer on a world of real or virtual ranks.
 pub struct FusedLayer {
     pub spec: LayerSpec,
     pub layout: SymmetricLayout,
+    /// The regions of `layout`.
+    offsets: FusedOffsets,
     world: World,
     buffers: SymmetricBuffer,
     /// The ranks this process holds, `world.local_ranks()` in order.
@@ -186,36 +262,6 @@ pub struct FusedLayer {
     /// A layer of one local rank queues [`Self::launch_device`]'s work on the caller's stream
     /// itself (no event each way): that stream's handle, and the rank's GPU handle on it.
     caller: Option<(u64, Gpu)>,
-}
-
-/// What the probe instantiation is told beyond the call (device: `FusedProbeParams`).
-#[derive(Clone, Copy, Debug)]
-struct Probe {
-    fault_rank: u32,
-    fault: u32,
-    sleep_ns: u64,
-}
-
-/// A fault the selftest injects on one rank (device: `FusedFault`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Fault {
-    /// The rank publishes its routing, then stops.
-    StopAfterRouting,
-    /// The rank stops after half of its tasks.
-    StopMidTasks,
-    /// The rank runs every task (its L2 rows are written), then stops before signalling them.
-    StopMidCombine,
-    /// The rank publishes T = t_cap + 1, a count no call has.
-    CorruptCount,
-    /// The rank sleeps this long before publishing its routing, then goes on.
-    SlowPeer(std::time::Duration),
-}
-
-fn region(layout: &SymmetricLayout, name: &str) -> u64 {
-    layout
-        .region(name)
-        .unwrap_or_else(|| panic!("the fused layout has a `{name}` region"))
-        .offset
 }
 
 impl FusedLayer {
@@ -272,52 +318,6 @@ impl FusedLayer {
         FusedLayer::build(spec, weights, options, layout, options.trace, world)
     }
 
-    /// The layer whose rank `rank` takes `fault` on every call (the selftest's fault checks).
-    pub(crate) fn with_fault(
-        spec: LayerSpec,
-        weights: impl Fn(usize) -> megamoe_core::Result<RankWeightsFp8>,
-        deadline: std::time::Duration,
-        rank: usize,
-        fault: Fault,
-    ) -> Result<FusedLayer> {
-        spec.validate()?;
-        let options = FusedOptions {
-            deadline,
-            ..FusedOptions::default()
-        };
-        let world = World::with_deadline(spec.ranks, deadline)?;
-        let mut layer =
-            FusedLayer::build(spec, weights, options, spec.fused_layout()?, true, world)?;
-        let (fault, sleep_ns) = match fault {
-            Fault::StopAfterRouting => (FUSED_STOP_AFTER_ROUTING, 0),
-            Fault::StopMidTasks => (FUSED_STOP_MID_TASKS, 0),
-            Fault::StopMidCombine => (FUSED_STOP_MID_COMBINE, 0),
-            Fault::CorruptCount => (FUSED_CORRUPT_COUNT, 0),
-            Fault::SlowPeer(d) => (FUSED_SLOW_PEER, deadline_ns(d)),
-        };
-        layer.probe = Some(Probe {
-            fault_rank: rank as u32,
-            fault,
-            sleep_ns,
-        });
-        Ok(layer)
-    }
-
-    /// The layer with its ring clamped to the full pool, so it never wraps: the selftest's
-    /// reference for the ring.
-    pub(crate) fn full_pool(
-        spec: LayerSpec,
-        weights: impl Fn(usize) -> megamoe_core::Result<RankWeightsFp8>,
-    ) -> Result<FusedLayer> {
-        spec.validate()?;
-        let ring = RingSizing::full_pool(&spec.shape, spec.ranks, spec.max_tokens);
-        let layout =
-            SymmetricLayout::with_ring(Kernel::Fused, &spec.shape, spec.ranks, spec.group, ring)?;
-        let options = FusedOptions::default();
-        let world = World::with_deadline(spec.ranks, options.deadline)?;
-        FusedLayer::build(spec, weights, options, layout, false, world)
-    }
-
     /// `probe`: load the probe instantiation (with [`FusedOptions::trace`] or an injected fault).
     fn build(
         spec: LayerSpec,
@@ -327,187 +327,36 @@ impl FusedLayer {
         probe: bool,
         world: World,
     ) -> Result<FusedLayer> {
-        let (h, i, e, k) = (
-            spec.shape.hidden,
-            spec.shape.inter,
-            spec.shape.experts,
-            spec.shape.topk,
-        );
-        let el = spec.shape.local_experts(spec.ranks);
         let sms = world.ranks()[0].gpu.props().sm_count as usize;
         let ctas = comm_sms(options.ctas, world.ranks().len(), world.gpu_count(), sms);
         // A programmatic dependent launch: the kernel's set-up runs while the previous kernel on
         // the stream (the quantizer, or the last call) finishes; it waits for it before reading.
-        let launch = LaunchConfig::new(ctas as u32, FUSED_THREADS)
+        let launch = LaunchConfig::new(ctas as u32, THREADS)
             .with_dynamic_smem(fused_smem_bytes(spec.group) as u32)
             .with_pdl(true);
-        let compiled = jit::compile(&fused_spec(spec.group, probe))?;
+        let compiled = jit::compile(&fused_spec(spec.group, spec.accumulation, probe))?;
         let kernels = world.load(&compiled)?;
         let buffers = world.alloc_symmetric(layout.total_bytes as usize)?;
-        let ring_rows = layout.pool_rows;
-        let t_cap = layout.ring.t_cap;
-        let mut peer_base = [0u64; 8];
+        let offsets = layout.fused.expect("a fused layout has the fused regions");
+        let mut peer_base = [0u64; MAX_RANKS];
         for (r, p) in peer_base.iter_mut().enumerate().take(spec.ranks) {
             *p = buffers.ptr(r);
         }
-        let off = |name| region(&layout, name);
-        let config = l1_config(ctas);
-        let mut ranks = Vec::with_capacity(world.ranks().len());
-        for (r, kernel) in world.local_ranks().zip(kernels) {
-            let w = weights(r).map_err(|e| LayerError::input(r, e))?;
-            weights::check(&w, &spec.shape, el).map_err(|e| LayerError::input(r, e))?;
-            let (w1, s1) = weights::interleave_w1(&w.w1, &w.s1, &spec.shape, el);
-            let rank = world.rank(r);
-            let gpu = rank.gpu.clone();
-            let w1 = gpu.alloc_from(&w1)?;
-            let s1 = gpu.alloc_from(&s1)?;
-            let w2 = gpu.alloc_from(&w.w2)?;
-            let s2 = gpu.alloc_from(&w.s2)?;
-            let base = buffers.ptr(r);
-            let mainloop = |n, kk, group, a: u64, scale_a: u64, b: u64, scale_b: u64| {
-                let problem = GemmProblem {
-                    experts: el,
-                    n,
-                    k: kk,
-                    group_size: group,
-                    layout: Layout::Contiguous { pad: POOL_PAD },
-                    out: OutDtype::Bf16,
-                    rows_per_expert: POOL_PAD,
-                };
-                let config = GemmConfig {
-                    group_size: group,
-                    ..config
-                };
-                let (params, _record) = gemm_params(
-                    &gpu,
-                    &problem,
-                    &config,
-                    ring_rows,
-                    GemmPointers {
-                        a,
-                        scale_a,
-                        b,
-                        scale_b,
-                        // The mainloop reads neither (the fused kernel has its own schedule and
-                        // epilogues); the output map only needs a valid address.
-                        expert_rows: 0,
-                        out: a,
-                    },
-                )?;
-                let mut m = params.mainloop;
-                m.error = rank.wait_record();
-                m.timeout_ns = deadline_ns(rank.deadline());
-                Ok::<_, LayerError>(m)
-            };
-            let l1 = mainloop(
-                2 * i,
-                h,
-                128,
-                base + off("l1_pool"),
-                base + off("l1_pool_scales"),
-                w1.ptr(),
-                s1.ptr(),
-            )?;
-            let l2 = mainloop(
-                h,
-                i,
-                spec.group,
-                base + off("l2_pool"),
-                base + off("l2_pool_scales"),
-                w2.ptr(),
-                s2.ptr(),
-            )?;
-            let y = gpu.alloc_zeroed(t_cap * h * 2)?;
-            let max_blocks =
-                megamoe_core::plan::layout::fused_max_blocks(&spec.shape, spec.ranks, t_cap);
-            let (n1, n2) = (2 * i / 256, h / 256);
-            let trace = if options.trace {
-                let tasks = (max_blocks * (n1 + n2)).div_ceil(ctas);
-                Some(gpu.alloc_zeroed(ctas * (CTA_TRACE_BYTES + tasks * TASK_TRACE_BYTES))?)
-            } else {
-                None
-            };
-            let params = FusedParams {
-                l1,
-                l2,
-                swiglu: SwigluQuant {
-                    out: base + off("l2_pool"),
-                    out_scales: base + off("l2_pool_scales"),
-                    weights: base + off("ring_weights"),
-                    rows_ld: ring_rows as u32,
-                    inter: i as u32,
-                    group: spec.group as u32,
-                    has_clamp: spec.clamp.is_some() as u32,
-                    clamp: spec.clamp.unwrap_or(0.0),
-                    reserved: [0; 5],
-                },
-                r: FusedRegions {
-                    peer_base,
-                    off_epochs: off("epochs"),
-                    off_signals: off("signals"),
-                    off_error: off("error"),
-                    off_x: off("x"),
-                    off_x_scales: off("x_scales"),
-                    off_topk_idx: off("topk_idx"),
-                    off_topk_weights: off("topk_weights"),
-                    off_counts: off("counts"),
-                    off_send_list: off("send_list"),
-                    off_l1_pool: off("l1_pool"),
-                    off_l1_scales: off("l1_pool_scales"),
-                    off_ring_weights: off("ring_weights"),
-                    off_row_dest: off("row_dest"),
-                    off_plan: off("plan"),
-                    off_src_base: off("src_base"),
-                    off_blocks: off("blocks"),
-                    off_segments: off("segments"),
-                    off_block_flags: off("block_flags"),
-                    off_expert_l2: off("expert_l2"),
-                    off_expert_done: off("expert_done"),
-                    off_grid_barrier: off("grid_barrier"),
-                    off_combine: off("combine"),
-                    y: y.ptr(),
-                    wait_record: rank.wait_record(),
-                    deadline_ns: deadline_ns(rank.deadline()),
-                    pull_ahead: megamoe_core::plan::rules::PULL_AHEAD_BLOCKS as u64,
-                    recv_stats: 0,
-                    rank: r as i32,
-                    ranks: spec.ranks as i32,
-                    hidden: h as i32,
-                    inter: i as i32,
-                    experts: e as i32,
-                    topk: k as i32,
-                    t_cap: t_cap as i32,
-                    tokens: 0,
-                    bound: 0,
-                    ring_rows: ring_rows as i32,
-                    ring_slots: 0,
-                    lag_units: 0,
-                    n1: n1 as i32,
-                    n2: n2 as i32,
-                    max_blocks: max_blocks as i32,
-                    max_segments: megamoe_core::plan::layout::fused_max_segments(
-                        &spec.shape,
-                        spec.ranks,
-                        t_cap,
-                    ) as i32,
-                },
-            };
-            ranks.push(FusedRank {
-                stage: Stager::new(&gpu)?,
-                quantizer: Quantizer::new(&gpu)?,
-                x_bf16: gpu.alloc(spec.max_tokens * h * 2)?,
-                kernel,
-                gpu,
-                params,
-                _weights: [w1, s1, w2, s2],
-                y,
-                trace,
-            });
-        }
+        let regions = FusedRegions::new(&spec, &layout, &offsets, peer_base);
+        let trace_ctas = options.trace.then_some(ctas);
+        let ranks = world
+            .local_ranks()
+            .zip(kernels)
+            .map(|(r, kernel)| {
+                let rank = world.rank(r);
+                FusedRank::new(&spec, &weights, rank, kernel, regions, &offsets, trace_ctas)
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(FusedLayer {
-            expert_counts: vec![vec![0; el]; spec.ranks],
+            expert_counts: vec![vec![0; spec.shape.local_experts(spec.ranks)]; spec.ranks],
             spec,
             layout,
+            offsets,
             world,
             buffers,
             ranks,
@@ -567,17 +416,6 @@ impl FusedLayer {
         self.upload(inputs, tokens, vec![bound; self.ranks.len()])
     }
 
-    /// [`Self::stage`] with one bound per rank and no host check of the bounds: the device
-    /// check is what a multi-process world relies on (the selftest's fault checks).
-    pub(crate) fn stage_with_bounds(
-        &mut self,
-        inputs: &[RankInput],
-        bounds: &[usize],
-    ) -> Result<FusedStaged> {
-        let tokens = check_call(&self.spec, self.local_ranks(), inputs, None)?;
-        self.upload(inputs, tokens, bounds.to_vec())
-    }
-
     fn upload(
         &mut self,
         inputs: &[RankInput],
@@ -590,24 +428,25 @@ impl FusedLayer {
         // The order of the call, from the first local rank's bound (every rank computes the
         // same from its own).
         let (lag_units, ring_slots) = self.order(bounds[0]);
-        let off = |name| region(&self.layout, name) as usize;
+        let off = &self.offsets;
         let mut bf16 = Vec::with_capacity(inputs.len());
         for ((r, rank), input) in self.local_ranks().zip(&self.ranks).zip(inputs) {
             let buf = self.buffers.local(r);
-            buf.upload_at(off("topk_idx"), input.topk_idx)?;
-            buf.upload_at(off("topk_weights"), input.topk_weights)?;
+            buf.upload_at(off.topk_idx as usize, input.topk_idx)?;
+            buf.upload_at(off.topk_weights as usize, input.topk_weights)?;
             match input.x {
                 Activations::Bf16(x) => {
                     rank.x_bf16.upload(x)?;
                     bf16.push(true);
                 }
                 Activations::Fp8 { data, scales } => {
-                    buf.upload_at(off("x"), data)?;
-                    buf.upload_at(off("x_scales"), scales)?;
+                    buf.upload_at(off.x as usize, data)?;
+                    buf.upload_at(off.x_scales as usize, scales)?;
                     bf16.push(false);
                 }
                 Activations::Device(x) => {
-                    let places = [(&rank.x_bf16, 0), (buf, off("x")), (buf, off("x_scales"))];
+                    let (x_off, scales_off) = (off.x as usize, off.x_scales as usize);
+                    let places = [(&rank.x_bf16, 0), (buf, x_off), (buf, scales_off)];
                     bf16.push(x.copy_into(&rank.gpu, places, s.shape.hidden)?);
                 }
             }
@@ -664,8 +503,8 @@ impl FusedLayer {
         self.check_usable()?;
         let (h, x, xs) = (
             self.spec.shape.hidden,
-            region(&self.layout, "x") as usize,
-            region(&self.layout, "x_scales") as usize,
+            self.offsets.x as usize,
+            self.offsets.x_scales as usize,
         );
         for (i, (r, rank)) in self.local_ranks().zip(&self.ranks).enumerate() {
             if staged.bf16[i] && ranks[i] {
@@ -699,10 +538,12 @@ impl FusedLayer {
             Some(probe) => {
                 let probed = FusedProbeParams {
                     fused: p,
-                    trace: rank.trace.as_ref().map_or(0, |t| t.ptr()),
-                    fault_rank: probe.fault_rank,
-                    fault: probe.fault,
-                    sleep_ns: probe.sleep_ns,
+                    probe: FusedProbe {
+                        trace: rank.trace.as_ref().map_or(0, |t| t.ptr()),
+                        fault_rank: probe.fault_rank,
+                        fault: probe.fault,
+                        sleep_ns: probe.sleep_ns,
+                    },
                 };
                 gpu.launch(&rank.kernel, &self.launch, &probed)?
             }
@@ -740,32 +581,9 @@ impl FusedLayer {
         let local = self.local_ranks();
         check_lengths(local.len(), tensors.len(), streams.len())?;
         self.take_route_faults()?;
-        let s = self.spec;
-        let (h, k) = (s.shape.hidden, s.shape.topk);
-        let mut tokens = Vec::with_capacity(tensors.len());
-        for (r, t) in local.clone().zip(tensors) {
-            let got = t.x.tokens();
-            if got > s.max_tokens {
-                let e = Error::Capacity {
-                    arg: "x",
-                    got,
-                    capacity: s.max_tokens,
-                };
-                return Err(LayerError::input(r, e));
-            }
-            tokens.push(got);
-        }
-        check_bound(&s, &tokens, num_tokens_bound)?;
+        check_device_tokens(&self.spec, local.clone(), tensors, num_tokens_bound)?;
         let bound = num_tokens_bound.unwrap_or(self.layout.ring.t_cap);
         let (lag_units, ring_slots) = self.order(bound);
-        // The input regions' offsets, as every rank's kernel parameters hold them.
-        let r0 = &self.ranks[0].params.r;
-        let (x, xs, ids, weights) = (
-            r0.off_x,
-            r0.off_x_scales,
-            r0.off_topk_idx,
-            r0.off_topk_weights,
-        );
         let single = self.ranks.len() == 1;
         if single && self.caller.as_ref().map(|c| c.0) != Some(streams[0]) {
             // SAFETY: the caller's contract: a live stream of the rank's device's primary
@@ -782,38 +600,9 @@ impl FusedLayer {
                     &rank.gpu
                 }
             };
-            let (buf, base) = (self.buffers.local(r), self.buffers.ptr(r));
-            let tokens = t.x.tokens();
-            // e4m3 rows are copied by the staging kernel; bf16 rows are quantized into place.
-            let (rows, scales) = t.x.fp8().unwrap_or((0, 0));
-            if rows == 0 {
-                let places = [(&rank.x_bf16, 0), (buf, x as usize), (buf, xs as usize)];
-                t.x.copy_into(gpu, places, h)?;
-                let (x, xs) = ((buf, x as usize), (buf, xs as usize));
-                rank.quantizer
-                    .launch_at(gpu, &rank.x_bf16, x, xs, tokens, h)?;
-            }
-            if tokens > 0 {
-                let stage = StageParams {
-                    topk_idx: t.topk_idx,
-                    topk_weights: t.topk_weights,
-                    out_idx: base + ids,
-                    out_weights: base + weights,
-                    fault: 0,
-                    x: rows,
-                    x_scales: scales,
-                    out_x: base + x,
-                    out_x_scales: base + xs,
-                    x_bytes: if rows == 0 { 0 } else { (tokens * h) as u64 },
-                    tokens: tokens as i32,
-                    topk: k as i32,
-                    experts: s.shape.experts as i32,
-                    idx64: (t.topk_idx_type == IndexType::I64) as i32,
-                };
-                rank.stage.launch(gpu, stage)?;
-            }
+            self.stage_device(gpu, r, rank, t)?;
             let mut p = rank.params;
-            p.r.tokens = tokens as i32;
+            p.r.tokens = t.x.tokens() as i32;
             p.r.bound = bound as i32;
             p.r.lag_units = lag_units as i32;
             p.r.ring_slots = ring_slots as i32;
@@ -823,6 +612,53 @@ impl FusedLayer {
             if !single {
                 gpu.release_to(stream)?;
             }
+        }
+        Ok(())
+    }
+
+    /// Queues on `gpu`'s stream the staging of local rank `r`'s device tensors `t` into its
+    /// input regions: bf16 rows copied and quantized into place, e4m3 rows and the routing
+    /// copied (and the routing's values checked) by the staging kernel.
+    fn stage_device(
+        &self,
+        gpu: &Gpu,
+        r: usize,
+        rank: &FusedRank,
+        t: &DeviceRankTensors,
+    ) -> Result<()> {
+        let (h, k) = (self.spec.shape.hidden, self.spec.shape.topk);
+        // The input regions' offsets, as the rank's kernel parameters hold them.
+        let p = &rank.params.r;
+        let (x, xs, ids, weights) = (p.off_x, p.off_x_scales, p.off_topk_idx, p.off_topk_weights);
+        let (buf, base) = (self.buffers.local(r), self.buffers.ptr(r));
+        let tokens = t.x.tokens();
+        // e4m3 rows are copied by the staging kernel; bf16 rows are quantized into place.
+        let (rows, scales) = t.x.fp8().unwrap_or((0, 0));
+        if rows == 0 {
+            let places = [(&rank.x_bf16, 0), (buf, x as usize), (buf, xs as usize)];
+            t.x.copy_into(gpu, places, h)?;
+            let (x, xs) = ((buf, x as usize), (buf, xs as usize));
+            rank.quantizer
+                .launch_at(gpu, &rank.x_bf16, x, xs, tokens, h)?;
+        }
+        if tokens > 0 {
+            let stage = StageParams {
+                topk_idx: t.topk_idx,
+                topk_weights: t.topk_weights,
+                out_idx: base + ids,
+                out_weights: base + weights,
+                fault: 0,
+                x: rows,
+                x_scales: scales,
+                out_x: base + x,
+                out_x_scales: base + xs,
+                x_bytes: if rows == 0 { 0 } else { (tokens * h) as u64 },
+                tokens: tokens as i32,
+                topk: k as i32,
+                experts: self.spec.shape.experts as i32,
+                idx64: (t.topk_idx_type == IndexType::I64) as i32,
+            };
+            rank.stage.launch(gpu, stage)?;
         }
         Ok(())
     }
@@ -871,7 +707,7 @@ impl FusedLayer {
                 return Err(e.into());
             }
         }
-        let off = region(&self.layout, "error") as usize;
+        let off = self.offsets.error as usize;
         let mut first = None;
         let mut rejected = 0;
         for r in self.local_ranks() {
@@ -909,19 +745,6 @@ impl FusedLayer {
         })
     }
 
-    /// Every local rank's expired wait, if any (after a failed [`Self::finish`]).
-    pub(crate) fn expired_waits(&self) -> Result<Vec<Option<megamoe_cuda::Error>>> {
-        let mut out = Vec::new();
-        for rank in self.world.ranks() {
-            out.push(match rank.check_waits(&ALL_WAITS) {
-                Ok(()) => None,
-                Err(e @ megamoe_cuda::Error::WaitTimeout { .. }) => Some(e),
-                Err(e) => return Err(e.into()),
-            });
-        }
-        Ok(out)
-    }
-
     /// The GPU handle of local rank `rank` (its stream, its timers).
     pub fn gpu(&self, rank: usize) -> &Gpu {
         &self.local(rank).gpu
@@ -952,93 +775,6 @@ impl FusedLayer {
     /// byte offset of a buffer.
     pub(crate) fn output(&self, rank: usize) -> (&DeviceBuffer, usize) {
         (&self.local(rank).y, 0)
-    }
-
-    /// Every local rank's staged inputs as bytes: the input rows and scales, the routing, the bf16
-    /// staging (the selftest's "nothing written before validation" check).
-    pub(crate) fn input_bytes(&self) -> Result<Vec<u8>> {
-        let off = |name| region(&self.layout, name) as usize;
-        let mut out = Vec::new();
-        for (r, rank) in self.local_ranks().zip(&self.ranks) {
-            let buf = self.buffers.local(r);
-            let places = [
-                (buf, off("x")),
-                (buf, off("x_scales")),
-                (buf, off("topk_idx")),
-                (buf, off("topk_weights")),
-                (&rank.x_bf16, 0),
-            ];
-            append_staged(&self.spec, places, &mut out)?;
-        }
-        Ok(out)
-    }
-
-    /// Rank `rank`'s plan of the last finished call: m-blocks, stream segments, tasks, status.
-    pub(crate) fn plan_header(&self, rank: usize) -> Result<[u32; 4]> {
-        let mut h = [0u32; 4];
-        self.buffers
-            .local(rank)
-            .download_into(region(&self.layout, "plan") as usize, &mut h)?;
-        Ok(h)
-    }
-
-    /// Rank `rank`'s plan of the last finished call as its kernel built it, in megamoe-core's
-    /// terms: the stream params of `staged`'s order and ring, each m-block's (local expert, first
-    /// row, rows), and the task stream the segments expand to. What `Stream::build` gives for
-    /// the same rows (the selftest compares them).
-    pub(crate) fn device_stream(
-        &self,
-        rank: usize,
-        staged: &FusedStaged,
-    ) -> Result<(StreamParams, Vec<[u32; 3]>, Vec<Task>)> {
-        let [n_blocks, n_segments, _, _] = self.plan_header(rank)?;
-        let buf = self.buffers.local(rank);
-        let mut blocks = vec![0u32; 4 * n_blocks as usize];
-        buf.download_into(region(&self.layout, "blocks") as usize, &mut blocks)?;
-        let mut segments = vec![0u32; 4 * n_segments as usize];
-        buf.download_into(region(&self.layout, "segments") as usize, &mut segments)?;
-        let r = &self.local(rank).params.r;
-        let (n1, n2) = (r.n1 as u32, r.n2 as u32);
-        let mut tasks = Vec::new();
-        for seg in segments.chunks_exact(4) {
-            let (kind, n_tiles) = match seg[0] {
-                0 => (TaskKind::L1, n1),
-                _ => (TaskKind::L2, n2),
-            };
-            for n in 0..n_tiles {
-                tasks.extend((seg[1]..seg[1] + seg[2]).map(|block| Task { kind, block, n }));
-            }
-        }
-        let order = match staged.lag_units() {
-            Some(lag_units) => Order::Lagged { lag_units },
-            None => Order::SingleWave,
-        };
-        let params = StreamParams::fused(
-            order,
-            SLOT_ROWS,
-            n1 as usize,
-            n2 as usize,
-            staged.ring_slots,
-        );
-        let blocks = blocks.chunks_exact(4).map(|b| [b[0], b[1], b[2]]).collect();
-        Ok((params, blocks, tasks))
-    }
-
-    /// Where rank `rank`'s last finished call spent its time (a layer built with
-    /// [`FusedOptions::trace`]).
-    pub fn trace_report(&self, rank: usize) -> Result<TraceReport> {
-        let Some(buf) = &self.local(rank).trace else {
-            return Err(Error::Value {
-                arg: "trace",
-                value: "off".into(),
-                reason: "the layer was built without FusedOptions::trace".into(),
-            }
-            .into());
-        };
-        let words = buf.download::<u64>()?;
-        let ctas = self.ctas() as usize;
-        let per_cta = (words.len() - ctas * CTA_TRACE_BYTES / 8) / ctas / (TASK_TRACE_BYTES / 8);
-        Ok(trace_report(&words, ctas, per_cta))
     }
 
     /// Records one staged call (quantizer and kernel) on every local rank's stream as a CUDA
@@ -1092,67 +828,6 @@ pub struct FusedGraph {
     staged: FusedStaged,
 }
 
-/// The report of one timeline: `words` = [ctas] CtaTrace (6 times, then the tokens combined
-/// early) then [ctas][per_cta] TaskTrace, as u64 (a TaskTrace's last word holds kind and block;
-/// slots never written are zero).
-fn trace_report(words: &[u64], ctas: usize, per_cta: usize) -> TraceReport {
-    const CTA_WORDS: usize = CTA_TRACE_BYTES / 8;
-    let cta = |c: usize| &words[c * CTA_WORDS..(c + 1) * CTA_WORDS];
-    let us = |a: u64, b: u64| b.saturating_sub(a) as f64 * 1e-3;
-    let mut phases = [const { Vec::new() }; 5];
-    let mut report = TraceReport::default();
-    for c in 0..ctas {
-        let t = cta(c);
-        for (p, v) in phases.iter_mut().enumerate() {
-            v.push(us(t[p], t[p + 1]));
-        }
-        report.combined_early += t[6];
-    }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(0.0)
-    };
-    for (p, v) in phases.iter_mut().enumerate() {
-        report.phases_us[p] = median(v);
-    }
-    let tasks = &words[ctas * CTA_WORDS..];
-    let (mut mainloop_total, mut busy_total) = (0.0, 0.0);
-    let mut mainloops = [Vec::new(), Vec::new()];
-    for c in 0..ctas {
-        busy_total += 2.0 * us(cta(c)[2], cta(c)[3]);
-        let mut prev_end = [cta(c)[2]; 2];
-        for j in 0..per_cta {
-            let t = &tasks[(c * per_cta + j) * 10..][..10];
-            if t[3] == 0 {
-                break; // this CTA had no more tasks
-            }
-            let kind = ((t[9] & 0xffff_ffff) as usize).min(1);
-            let k = &mut report.kinds[kind];
-            k.tasks += 1;
-            k.producer_wait_us += us(t[0], t[1]);
-            for (wg, end) in prev_end.iter_mut().enumerate() {
-                let w = &t[3 + 3 * wg..][..3];
-                k.gap_us += us(*end, w[0]) / 2.0;
-                k.mainloop_us += us(w[0], w[1]) / 2.0;
-                mainloops[kind].push(us(w[0], w[1]));
-                k.epilogue_us += us(w[1], w[2]) / 2.0;
-                mainloop_total += us(w[0], w[1]);
-                *end = w[2];
-            }
-        }
-    }
-    for (k, m) in report.kinds.iter_mut().zip(&mut mainloops) {
-        k.mainloop_median_us = median(m);
-        let n = k.tasks.max(1) as f64;
-        k.producer_wait_us /= n;
-        k.gap_us /= n;
-        k.mainloop_us /= n;
-        k.epilogue_us /= n;
-    }
-    report.mainloop_share = mainloop_total / busy_total.max(1e-9);
-    report
-}
-
 /// What a rejected call's error record means.
 fn describe(rec: ErrorRecord) -> String {
     match rec.code {
@@ -1195,62 +870,6 @@ mod tests {
     fn a_fused_layer_can_move_to_another_thread() {
         fn send<T: Send>() {}
         send::<FusedLayer>();
-    }
-
-    #[test]
-    fn a_timeline_reads_as_phases_and_per_kind_means() {
-        // Two CTAs, two task slots each; CTA 1 ran one task. Times in ns.
-        // Each CTA: 6 phase times, then the tokens it combined early.
-        let (ctas, per_cta) = (2, 2);
-        let mut w = vec![0u64; ctas * 7 + ctas * per_cta * 10];
-        w[..7].copy_from_slice(&[0, 1_000, 3_000, 103_000, 104_000, 110_000, 0]);
-        w[7..14].copy_from_slice(&[0, 1_000, 3_000, 53_000, 104_000, 110_000, 5]);
-        let task = |wait: [u64; 3], wg0: [u64; 3], wg1: [u64; 3], kind: u64| {
-            let mut t = vec![wait[0], wait[1], wait[2]];
-            t.extend(wg0);
-            t.extend(wg1);
-            t.push(kind | 7 << 32);
-            t
-        };
-        let base = ctas * 7;
-        // CTA 0: an L1 task (40 µs mainloop, 5 µs epilogue), then an L2 task after a 2 µs gap.
-        w[base..base + 10].copy_from_slice(&task(
-            [3_000, 4_000, 4_500],
-            [3_000, 43_000, 48_000],
-            [3_000, 43_000, 48_000],
-            0,
-        ));
-        w[base + 10..base + 20].copy_from_slice(&task(
-            [44_000, 46_000, 47_000],
-            [50_000, 98_000, 103_000],
-            [50_000, 98_000, 103_000],
-            1,
-        ));
-        // CTA 1: one L1 task.
-        w[base + 20..base + 30].copy_from_slice(&task(
-            [3_000, 3_000, 3_500],
-            [3_000, 43_000, 53_000],
-            [3_000, 43_000, 53_000],
-            0,
-        ));
-        let r = trace_report(&w, ctas, per_cta);
-        assert_eq!(r.phases_us[0], 1.0);
-        assert_eq!(r.phases_us[1], 2.0);
-        assert_eq!(r.phases_us[2], 100.0); // median of 100 and 50
-        assert_eq!(r.phases_us[3], 51.0); // median of 1 and 51
-        assert_eq!(r.combined_early, 5);
-        assert_eq!((r.kinds[0].tasks, r.kinds[1].tasks), (2, 1));
-        assert_eq!(r.kinds[0].producer_wait_us, 0.5);
-        assert_eq!(r.kinds[0].mainloop_us, 40.0);
-        assert_eq!(r.kinds[0].epilogue_us, 7.5);
-        assert_eq!(r.kinds[1].gap_us, 2.0);
-        assert_eq!(r.kinds[1].mainloop_us, 48.0);
-        assert_eq!(
-            (r.kinds[0].mainloop_median_us, r.kinds[1].mainloop_median_us),
-            (40.0, 48.0)
-        );
-        // (2·40 + 2·48 + 2·40) / (2·100 + 2·50)
-        assert!((r.mainloop_share - 256.0 / 300.0).abs() < 1e-12);
     }
 
     #[test]

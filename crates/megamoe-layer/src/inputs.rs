@@ -1,13 +1,12 @@
 //! A generated batch (megamoe-core's [`WorldInputs`]) as the layer's inputs: bf16 as generated,
 //! or quantized on the host per token per 128 columns (SPEC §3), the way the benchmark and the
-//! checks feed the layer; the layer spec that fits such a batch; and the download of a call's
-//! outputs, shared by both kinds.
+//! checks feed the layer; the layer spec that fits such a batch; and the read-back of a layer's
+//! staged inputs (the checks' "nothing written before validation").
 
 use megamoe_core::numerics::INPUT_SCALE_FLOOR;
 use megamoe_core::quant::{quantize_rows, QuantRows, INPUT_GROUP};
 use megamoe_core::{LayerOptions, WorldInputs};
 
-use half::bf16;
 use megamoe_cuda::DeviceBuffer;
 
 use crate::call::{Activations, RankInput};
@@ -92,23 +91,4 @@ pub(crate) fn append_staged(
         buf.download_into(offset, &mut out[start..])?;
     }
     Ok(())
-}
-
-/// Every rank's output of a finished call, downloaded: bf16 `[T, H]` from where `output(rank)`
-/// says it is (a buffer and a byte offset), `tokens[rank]` rows each.
-pub(crate) fn download_outputs<'a>(
-    tokens: &[usize],
-    hidden: usize,
-    output: impl Fn(usize) -> (&'a DeviceBuffer, usize),
-) -> Result<Vec<Vec<bf16>>> {
-    tokens
-        .iter()
-        .enumerate()
-        .map(|(r, &t)| {
-            let mut y = vec![bf16::ZERO; t * hidden];
-            let (buf, offset) = output(r);
-            buf.download_into(offset, &mut y)?;
-            Ok(y)
-        })
-        .collect()
 }

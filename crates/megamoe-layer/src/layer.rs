@@ -123,6 +123,7 @@ impl MoeLayer {
         }
     }
 
+    #[cfg(feature = "harness")]
     /// The wait records every rank's kernels left (the fault checks).
     pub(crate) fn expired_waits(&self) -> Result<Vec<Option<megamoe_cuda::Error>>> {
         match self {
@@ -131,6 +132,7 @@ impl MoeLayer {
         }
     }
 
+    #[cfg(feature = "harness")]
     /// Every rank's staged input bytes (the "nothing written before validation" check).
     pub(crate) fn input_bytes(&self) -> Result<Vec<u8>> {
         match self {

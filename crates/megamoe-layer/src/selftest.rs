@@ -9,13 +9,14 @@
 //! that never arrives, stops mid-dispatch, mid-GEMM or mid-combine, publishes a corrupt count,
 //! or sleeps past the deadline and goes on): every other rank reports it within the deadline,
 //! naming itself, the wait and the faulty rank (or every rank rejects the call), and a new layer
-//! in the same process is correct.
+//! in the same process is correct. Both accumulations' error on the proxies of flash, pro and
+//! glm, with the two kinds bit-equal in each.
 
 use half::bf16;
 use megamoe_core::plan::{Loads, Stream};
 use megamoe_core::preset::Shape;
 use megamoe_core::routing::{generate_world, RoutingKind, RoutingSpec};
-use megamoe_core::{diff, fused_layer, LayerOptions, Preset, WeightGen, WorldInputs};
+use megamoe_core::{diff, fused_layer, Accumulation, LayerOptions, Preset, WeightGen, WorldInputs};
 
 use megamoe_cuda::selftest::{every_other_rank_names, Check};
 use megamoe_cuda::AllGather;
@@ -30,6 +31,10 @@ use crate::split::SplitLayer;
 
 /// The contract's bound on the GPU output's distance to the CPU reference (SPEC §3).
 pub const MAX_DIFF: f64 = 1e-4;
+
+/// The bound of the rescaled accumulation's checks: SPEC §3's bound for any batch (the mode
+/// trades accuracy for speed; the `layer accuracy` checks measure it).
+pub const MAX_DIFF_RESCALED: f64 = 1e-3;
 
 fn shape(preset: &str, experts: Option<usize>) -> Shape {
     let mut s = Preset::by_name(preset).expect("a preset").shape;
@@ -65,9 +70,21 @@ fn run_layer(
     gen: &WeightGen,
     options: &LayerOptions,
 ) -> Result<Vec<Vec<bf16>>, String> {
+    run_layer_in(kind, Accumulation::PerBlock, world, gen, options)
+}
+
+/// [`run_layer`] with the GEMMs' `accumulation`.
+fn run_layer_in(
+    kind: Kind,
+    accumulation: Accumulation,
+    world: &WorldInputs,
+    gen: &WeightGen,
+    options: &LayerOptions,
+) -> Result<Vec<Vec<bf16>>, String> {
     let ranks = world.num_ranks();
     let spec = LayerSpec {
         kind,
+        accumulation,
         ..spec_for(world, options)
     };
     let mut layer = MoeLayer::new(spec, |r| gen.rank_fp8(r, ranks)).map_err(err)?;
@@ -114,23 +131,7 @@ fn against_reference(
             if diff::output_hash(&again) != diff::output_hash(&got) {
                 return Err("a second run gave other bits".into());
             }
-            let mut all_masked = 0;
-            for (r, inputs) in world.ranks.iter().enumerate() {
-                for t in 0..inputs.tokens {
-                    let k = shape.topk;
-                    if inputs.topk_idx[t * k..][..k].iter().all(|&e| e < 0) {
-                        all_masked += 1;
-                        if got[r][t * shape.hidden..][..shape.hidden]
-                            .iter()
-                            .any(|v| v.to_bits() != 0)
-                        {
-                            return Err(format!(
-                                "rank {r} token {t}: every slot masked, output not 0"
-                            ));
-                        }
-                    }
-                }
-            }
+            let all_masked = all_masked_tokens(&world, &got)?;
             if kind == "masked" && all_masked == 0 {
                 return Err("the masked batch has no token with every slot masked".into());
             }
@@ -161,13 +162,78 @@ fn against_reference(
     }
 }
 
+/// The tokens of `world` with every slot masked, after checking that their rows of `got` are
+/// exactly 0.
+fn all_masked_tokens(world: &WorldInputs, got: &[Vec<bf16>]) -> Result<usize, String> {
+    let (h, k) = (world.shape.hidden, world.shape.topk);
+    let mut all_masked = 0;
+    for (r, inputs) in world.ranks.iter().enumerate() {
+        for t in 0..inputs.tokens {
+            if inputs.topk_idx[t * k..][..k].iter().all(|&e| e < 0) {
+                all_masked += 1;
+                if got[r][t * h..][..h].iter().any(|v| v.to_bits() != 0) {
+                    return Err(format!(
+                        "rank {r} token {t}: every slot masked, output not 0"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(all_masked)
+/// The error of both accumulations on one generated batch (the table in docs/PYTHON.md,
+/// "Accumulation"): the CPU reference once, then the fused and the split layer in each mode.
+/// Each mode's two kinds give the same bits; per-block is within [`MAX_DIFF`], rescaled within
+/// [`MAX_DIFF_RESCALED`]; the note gives each mode's diff, largest absolute and relative error
+/// (relative to the reference's largest magnitude) and hash.
+fn accuracy(preset: &'static str, experts: Option<usize>, tokens: usize) -> Check {
+    let name = format!(
+        "layer accuracy {preset}{} R=1 T={tokens}",
+        experts.map_or(String::new(), |e| format!("/{e}"))
+    );
+    Check {
+        name,
+        run: Box::new(move || {
+            let shape = shape(preset, experts);
+            let seed = 0xACC ^ tokens as u64;
+            let world = generate_world(shape, 1, tokens, &routing("uniform", seed)).map_err(err)?;
+            let gen = WeightGen::new(shape, seed);
+            let options = LayerOptions::for_shape(&shape);
+            let want = fused_layer(&world, &gen, &options, &|_, _| {}).map_err(err)?;
+            let mut notes = Vec::new();
+            for accumulation in Accumulation::ALL {
+                let fused = run_layer_in(Kind::Fused, accumulation, &world, &gen, &options)?;
+                let split = run_layer_in(Kind::Split, accumulation, &world, &gen, &options)?;
+                let mode = accumulation.name();
+                if fused != split {
+                    return Err(format!("{mode}: the fused and the split layer differ"));
+                }
+                let d = diff::diff_bf16(&fused, &want);
+                let (abs, rel) = diff::max_error_bf16(&fused, &want);
+                let bound = match accumulation {
+                    Accumulation::PerBlock => MAX_DIFF,
+                    Accumulation::Rescaled => MAX_DIFF_RESCALED,
+                };
+                let note = format!(
+                    "{mode}: diff {d:.2e}, max abs {abs:.2e}, max rel {rel:.2e}, hash {:016x}",
+                    diff::output_hash(&fused)
+                );
+                if d.is_nan() || d > bound {
+                    return Err(format!("{note} (bound {bound:.0e})"));
+                }
+                notes.push(note);
+            }
+            Ok(notes.join("; ") + "; fused = split in each")
+        }),
+    }
+}
+
 /// The shape of [`layer_rank_check`].
 const RANK_CHECK_PRESET: &str = "tiny";
 
 /// The fused kernel [`layer_rank_check`] runs (a driver compiles it once before starting the processes).
 pub fn fused_rank_kernel() -> megamoe_cuda::KernelSpec {
     let spec = LayerSpec::new(shape(RANK_CHECK_PRESET, None), 2, 1);
-    crate::kernel::fused_spec(spec.group, false)
+    crate::kernel::fused_spec(spec.group, spec.accumulation, false)
 }
 
 /// One process's part of the layer of `kind` with one rank per process (`megamoe ep-procs`):
@@ -291,109 +357,136 @@ fn bad_inputs(kind: Kind) -> Check {
             let good = bf16_inputs(&world);
             let want = layer.forward(&good, None).map_err(err)?;
             let before = layer.input_bytes().map_err(err)?;
-            let k = shape.topk;
-            let mut out_of_range = world.ranks[1].topk_idx.clone();
-            out_of_range[5] = shape.experts as i32;
-            let mut duplicate = world.ranks[1].topk_idx.clone();
-            duplicate[k + 1] = duplicate[k];
-            let long_x: Vec<bf16> = vec![bf16::ZERO; 33 * shape.hidden];
-            let long_idx = vec![0i32; 33 * k];
-            let long_w = vec![0f32; 33 * k];
-            let short_w = &world.ranks[1].topk_weights[1..];
-            let mut nan_w = world.ranks[1].topk_weights.clone();
-            nan_w[0] = f32::NAN;
-            let cases: Vec<(&str, Vec<RankInput>, Option<usize>)> = vec![
-                (
-                    "topk_idx",
-                    vec![
-                        good[0],
-                        RankInput {
-                            topk_idx: &out_of_range,
-                            ..good[1]
-                        },
-                    ],
-                    None,
-                ),
-                (
-                    "topk_idx",
-                    vec![
-                        good[0],
-                        RankInput {
-                            topk_idx: &duplicate,
-                            ..good[1]
-                        },
-                    ],
-                    None,
-                ),
-                (
-                    "tokens",
-                    vec![
-                        good[0],
-                        RankInput {
-                            x: Activations::Bf16(&long_x),
-                            topk_idx: &long_idx,
-                            topk_weights: &long_w,
-                        },
-                    ],
-                    None,
-                ),
-                (
-                    "topk_weights",
-                    vec![
-                        good[0],
-                        RankInput {
-                            topk_weights: short_w,
-                            ..good[1]
-                        },
-                    ],
-                    None,
-                ),
-                (
-                    "topk_weights",
-                    vec![
-                        good[0],
-                        RankInput {
-                            topk_weights: &nan_w,
-                            ..good[1]
-                        },
-                    ],
-                    None,
-                ),
-                (
-                    "x",
-                    vec![
-                        good[0],
-                        RankInput {
-                            x: Activations::Bf16(&world.ranks[1].x[1..]),
-                            ..good[1]
-                        },
-                    ],
-                    None,
-                ),
-                ("inputs", vec![good[0]], None),
-                ("num_tokens_bound", good.clone(), Some(31)),
-                ("num_tokens_bound", good.clone(), Some(33)),
-            ];
-            for (arg, inputs, bound) in &cases {
-                match layer.forward(inputs, *bound) {
-                    Ok(_) => return Err(format!("a bad `{arg}` was accepted")),
-                    Err(e) if !e.to_string().contains(arg) => {
-                        return Err(format!(
-                            "a bad `{arg}` gave an error that does not name it: {e}"
-                        ))
-                    }
-                    Err(_) => {}
-                }
-                if layer.input_bytes().map_err(err)? != before {
-                    return Err(format!("a bad `{arg}` wrote to the inputs"));
-                }
-            }
+            let bad = BadRank1::of(&world);
+            let cases = bad.cases(&world, &good);
+            reject_each(&mut layer, &cases, &before)?;
             if layer.forward(&good, Some(32)).map_err(err)? != want {
                 return Err("the good call after the bad ones gave other bits".into());
             }
             Ok(format!("{} bad calls rejected", cases.len()))
         }),
     }
+}
+
+/// Rank 1's bad inputs of [`bad_inputs`]: an expert out of range, an expert twice, more tokens
+/// than T_max, a NaN weight.
+struct BadRank1 {
+    out_of_range: Vec<i32>,
+    duplicate: Vec<i32>,
+    long_x: Vec<bf16>,
+    long_idx: Vec<i32>,
+    long_w: Vec<f32>,
+    nan_w: Vec<f32>,
+}
+
+impl BadRank1 {
+    fn of(world: &WorldInputs) -> BadRank1 {
+        let (shape, rank1) = (world.shape, &world.ranks[1]);
+        let k = shape.topk;
+        let mut out_of_range = rank1.topk_idx.clone();
+        out_of_range[5] = shape.experts as i32;
+        let mut duplicate = rank1.topk_idx.clone();
+        duplicate[k + 1] = duplicate[k];
+        let mut nan_w = rank1.topk_weights.clone();
+        nan_w[0] = f32::NAN;
+        BadRank1 {
+            out_of_range,
+            duplicate,
+            long_x: vec![bf16::ZERO; 33 * shape.hidden],
+            long_idx: vec![0i32; 33 * k],
+            long_w: vec![0f32; 33 * k],
+            nan_w,
+        }
+    }
+
+    /// Every bad call of a layer of T_max 32 on `world` (inputs `good`): the argument it
+    /// breaks, the inputs, the bound.
+    fn cases<'a>(
+        &'a self,
+        world: &'a WorldInputs,
+        good: &[RankInput<'a>],
+    ) -> Vec<(&'static str, Vec<RankInput<'a>>, Option<usize>)> {
+        // Rank 0's good input beside a bad one of rank 1.
+        let rank1 = |bad| vec![good[0], bad];
+        vec![
+            (
+                "topk_idx",
+                rank1(RankInput {
+                    topk_idx: &self.out_of_range,
+                    ..good[1]
+                }),
+                None,
+            ),
+            (
+                "topk_idx",
+                rank1(RankInput {
+                    topk_idx: &self.duplicate,
+                    ..good[1]
+                }),
+                None,
+            ),
+            (
+                "tokens",
+                rank1(RankInput {
+                    x: Activations::Bf16(&self.long_x),
+                    topk_idx: &self.long_idx,
+                    topk_weights: &self.long_w,
+                }),
+                None,
+            ),
+            (
+                "topk_weights",
+                rank1(RankInput {
+                    topk_weights: &world.ranks[1].topk_weights[1..],
+                    ..good[1]
+                }),
+                None,
+            ),
+            (
+                "topk_weights",
+                rank1(RankInput {
+                    topk_weights: &self.nan_w,
+                    ..good[1]
+                }),
+                None,
+            ),
+            (
+                "x",
+                rank1(RankInput {
+                    x: Activations::Bf16(&world.ranks[1].x[1..]),
+                    ..good[1]
+                }),
+                None,
+            ),
+            ("inputs", vec![good[0]], None),
+            ("num_tokens_bound", good.to_vec(), Some(31)),
+            ("num_tokens_bound", good.to_vec(), Some(33)),
+        ]
+    }
+}
+
+/// Every call of `cases` (the argument it breaks, the inputs, the bound) is an error naming
+/// that argument, and leaves the layer's staged inputs as `before`.
+fn reject_each(
+    layer: &mut MoeLayer,
+    cases: &[(&str, Vec<RankInput>, Option<usize>)],
+    before: &[u8],
+) -> Result<(), String> {
+    for (arg, inputs, bound) in cases {
+        match layer.forward(inputs, *bound) {
+            Ok(_) => return Err(format!("a bad `{arg}` was accepted")),
+            Err(e) if !e.to_string().contains(arg) => {
+                return Err(format!(
+                    "a bad `{arg}` gave an error that does not name it: {e}"
+                ))
+            }
+            Err(_) => {}
+        }
+        if layer.input_bytes().map_err(err)? != before {
+            return Err(format!("a bad `{arg}` wrote to the inputs"));
+        }
+    }
+    Ok(())
 }
 
 /// SPEC §6: a NaN or ±Inf in one token's `x` changes only that token's output; every other
@@ -483,20 +576,13 @@ fn ring_wraps(ranks: usize, tokens: usize) -> Check {
                 if got != want {
                     return Err(format!("call {call} ({kind}): fused and split bits differ"));
                 }
-                let staged_full = full_pool.stage(&inputs, None).map_err(err)?;
-                if staged_full.lag_units().is_some() {
-                    return Err("the full-pool layer lags".into());
-                }
-                full_pool.launch(&staged_full).map_err(err)?;
-                full_pool.finish().map_err(err)?;
-                plan_matches(&full_pool, &staged_full, &world)?;
-                if full_pool.outputs(&staged_full).map_err(err)? != got {
+                if full_pool_outputs(&mut full_pool, &inputs, &world)? != got {
                     return Err(format!(
                         "call {call} ({kind}): the ring and the full pool give other bits"
                     ));
                 }
                 let blocks = (0..ranks)
-                    .map(|r| fused.plan_header(r).map(|h| h[0] as usize))
+                    .map(|r| fused.plan_header(r).map(|h| h.n_blocks as usize))
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(err)?;
                 if blocks.iter().all(|&b| b <= staged.ring_slots()) {
@@ -523,6 +609,23 @@ fn ring_wraps(ranks: usize, tokens: usize) -> Check {
             ))
         }),
     }
+}
+
+/// The outputs of `full_pool` (a layer whose ring never wraps) on `inputs` (of `world`), after
+/// checking that it runs the call in a single wave and that its plans are the planner's.
+fn full_pool_outputs(
+    full_pool: &mut FusedLayer,
+    inputs: &[RankInput],
+    world: &WorldInputs,
+) -> Result<Vec<Vec<bf16>>, String> {
+    let staged = full_pool.stage(inputs, None).map_err(err)?;
+    if staged.lag_units().is_some() {
+        return Err("the full-pool layer lags".into());
+    }
+    full_pool.launch(&staged).map_err(err)?;
+    full_pool.finish().map_err(err)?;
+    plan_matches(full_pool, &staged, world)?;
+    full_pool.outputs(&staged).map_err(err)
 }
 
 /// The plan the kernel built on every rank for `layer`'s last call (m-blocks and task stream)
@@ -851,6 +954,15 @@ pub fn gpu_checks() -> Vec<Check> {
         checks.push(fp8_input(layer));
         checks.push(bad_inputs(layer));
         checks.push(non_finite_input(layer));
+    }
+    // Both accumulations on SPEC §9's proxies of flash, pro and glm (EP8: a rank's experts).
+    for (preset, experts, tokens) in [
+        ("tiny", None, 64),
+        ("flash", Some(32), 256),
+        ("pro", Some(48), 256),
+        ("glm", Some(36), 256),
+    ] {
+        checks.push(accuracy(preset, experts, tokens));
     }
     checks.push(ring_wraps(1, 4096));
     checks.push(ring_wraps(2, 4096));

@@ -5,8 +5,8 @@ use megamoe_core::plan::rules::MAX_TOKENS;
 use megamoe_core::plan::{Kernel, SymmetricLayout};
 use megamoe_core::preset::Shape;
 use megamoe_core::quant::default_group;
-use megamoe_core::{Error, Result};
-use megamoe_ep::layout::{BufferLayout, BufferSpec, MAX_EXPERTS, MAX_RANKS, MAX_TOPK};
+use megamoe_core::{Accumulation, Error, Result};
+use megamoe_ep::{BufferLayout, BufferSpec, MAX_EXPERTS, MAX_RANKS, MAX_TOPK};
 use megamoe_gemm::heuristics::MAX_K_BLOCKS;
 
 /// Rows of each expert's segment of the dispatched pool are padded to this: the L1 and L2
@@ -71,6 +71,10 @@ pub struct LayerSpec {
     /// GPU. Never more than a GPU's SMs over the ranks placed on it (virtual ranks,
     /// src/split.rs).
     pub comm_sms: Option<usize>,
+    /// How both GEMMs sum over K: [`Accumulation::PerBlock`] (SPEC §3, the default) or the
+    /// faster, less accurate [`Accumulation::Rescaled`]. Either kind gives the same bits as the
+    /// other in either mode.
+    pub accumulation: Accumulation,
 }
 
 /// Bytes one rank allocates for a layer, by what for.
@@ -86,7 +90,7 @@ pub struct LayerBytes {
 }
 
 impl LayerSpec {
-    /// The fused layer with SPEC §3's default G and no clamp.
+    /// The fused layer with SPEC §3's default G and accumulation, and no clamp.
     pub fn new(shape: Shape, ranks: usize, max_tokens: usize) -> Self {
         LayerSpec {
             shape,
@@ -96,6 +100,7 @@ impl LayerSpec {
             group: default_group(&shape),
             clamp: None,
             comm_sms: None,
+            accumulation: Accumulation::PerBlock,
         }
     }
 

@@ -28,12 +28,14 @@ use megamoe_gemm::heuristics::{choose, GemmConfig, GemmProblem, Layout, OutDtype
 use megamoe_gemm::{GemmPointers, GroupedGemm};
 use std::ops::Range;
 
-use crate::call::{check_call, Activations, RankInput};
-use crate::error::{LayerError, Result};
-use crate::inputs::{append_staged, download_outputs};
+use crate::call::{check_call, download_outputs, Activations, RankInput};
+use crate::error::Result;
 use crate::kernel::{comm_sms, l1_config, l1_problem, split_l1_spec, SplitL1Params, SwigluQuant};
 use crate::spec::{LayerSpec, POOL_PAD};
-use crate::weights;
+use crate::weights::{self, DeviceWeights};
+
+#[cfg(feature = "harness")]
+mod inspect;
 
 /// The launches of one call, in order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,7 +75,11 @@ pub struct Staged {
 /// The buffers and kernels of one rank.
 struct RankState {
     gpu: Gpu,
+    /// W1 (interleaved) and its scales: read by the L1 kernel through its params, and by the
+    /// benchmark's GEMM-only arm.
+    #[cfg_attr(not(feature = "harness"), expect(dead_code))]
     w1: DeviceBuffer,
+    #[cfg_attr(not(feature = "harness"), expect(dead_code))]
     s1: DeviceBuffer,
     /// W2, its scales, and the intermediate (e4m3 `[pool rows, I]`, f32 `[I/G, pool rows]`:
     /// L1's output, L2's input): read by the kernels through their params only.
@@ -133,17 +139,6 @@ impl SplitLayer {
         SplitLayer::build(spec, weights, None, Some((rank, device, exchange)))
     }
 
-    /// The layer whose dispatch and combine inject `fault`, every wait bounded by `deadline`
-    /// (the selftest's fault checks).
-    pub(crate) fn with_fault(
-        spec: LayerSpec,
-        weights: impl Fn(usize) -> megamoe_core::Result<RankWeightsFp8>,
-        deadline: std::time::Duration,
-        fault: InjectedFault,
-    ) -> Result<SplitLayer> {
-        SplitLayer::build(spec, weights, Some((deadline, fault)), None)
-    }
-
     /// `one_rank`: this process's rank, its GPU and the handle exchange (else every rank).
     fn build(
         spec: LayerSpec,
@@ -155,90 +150,46 @@ impl SplitLayer {
         let (h, i) = (spec.shape.hidden, spec.shape.inter);
         let el = spec.shape.local_experts(spec.ranks);
         let rows = spec.pool_rows();
-        let mut ep_config = EpConfig::new(spec.ep_spec(), RowDtype::Fp8);
-        ep_config.group_major_scales = true;
-        // A process of one rank shares its GPU with no rank of its own (processes that share a
-        // GPU take turns on it).
-        let (local, gpus, device) = match &one_rank {
-            Some((_, device, _)) => (1, 1, *device),
-            None => (spec.ranks, megamoe_cuda::device_count()?.max(1), 0),
-        };
-        let sms = Gpu::new(device)?.props().sm_count as usize;
-        ep_config.num_sms = comm_sms(spec.comm_sms, local, gpus, sms);
-        if let Some((deadline, fault)) = fault {
-            ep_config.deadline = deadline;
-            ep_config.fault = Some(fault);
-        }
-        let ep = match one_rank {
-            Some((rank, device, exchange)) => EpWorld::for_rank(ep_config, rank, device, exchange)?,
-            None => EpWorld::new(ep_config)?,
-        };
+        let (ep, sms) = ep_world(&spec, fault, one_rank)?;
         let handle = ep.new_handle()?;
-        let l1_config = l1_config(sms);
+        let l1_config = l1_config(sms, spec.accumulation);
         let l1_compiled = jit::compile(&split_l1_spec(&l1_config))?;
 
         let mut ranks = Vec::with_capacity(ep.local_ranks().len());
         for r in ep.local_ranks() {
-            let w = weights(r).map_err(|e| LayerError::input(r, e))?;
-            weights::check(&w, &spec.shape, el).map_err(|e| LayerError::input(r, e))?;
-            let (w1, s1) = weights::interleave_w1(&w.w1, &w.s1, &spec.shape, el);
             let gpu = ep.rank(r).gpu.clone();
-            let w1 = gpu.alloc_from(&w1)?;
-            let s1 = gpu.alloc_from(&s1)?;
-            let w2 = gpu.alloc_from(&w.w2)?;
-            let s2 = gpu.alloc_from(&w.s2)?;
+            let DeviceWeights { w1, s1, w2, s2 } =
+                weights::upload(&gpu, r, &weights, &spec.shape, el)?;
             let acts = gpu.alloc_zeroed(rows * i)?;
             let act_scales = gpu.alloc_zeroed(rows * (i / spec.group) * 4)?;
             let x_bf16 = gpu.alloc(spec.max_tokens * h * 2)?;
             let ptrs = ep.ptrs(r);
             let pool = ep.handle_ptrs(&handle, r);
-            let (gemm, l1_error) = gemm_params(
-                &gpu,
-                &l1_problem(h, i, el, POOL_PAD),
-                &l1_config,
-                rows,
-                GemmPointers {
-                    a: ptrs.out_rows,
-                    scale_a: ptrs.out_scales,
-                    b: w1.ptr(),
-                    scale_b: s1.ptr(),
-                    expert_rows: pool.padded,
-                    out: acts.ptr(),
-                },
-            )?;
-            let l1_params = SplitL1Params {
-                gemm,
-                epilogue: SwigluQuant {
-                    out: acts.ptr(),
-                    out_scales: act_scales.ptr(),
-                    weights: ptrs.out_probs,
-                    rows_ld: rows as u32,
-                    inter: i as u32,
-                    group: spec.group as u32,
-                    has_clamp: spec.clamp.is_some() as u32,
-                    clamp: spec.clamp.unwrap_or(0.0),
-                    reserved: [0; 5],
-                },
+            let l1_operands = GemmPointers {
+                a: ptrs.out_rows,
+                scale_a: ptrs.out_scales,
+                b: w1.ptr(),
+                scale_b: s1.ptr(),
+                expert_rows: pool.padded,
+                out: acts.ptr(),
             };
-            let l2 = l2_configs(&spec, sms)?
-                .into_iter()
-                .map(|(problem, config)| {
-                    GroupedGemm::new(
-                        &gpu,
-                        problem,
-                        config,
-                        rows,
-                        GemmPointers {
-                            a: acts.ptr(),
-                            scale_a: act_scales.ptr(),
-                            b: w2.ptr(),
-                            scale_b: s2.ptr(),
-                            expert_rows: pool.padded,
-                            out: ptrs.comb_rows,
-                        },
-                    )
-                })
-                .collect::<std::result::Result<Vec<_>, _>>()?;
+            let (l1_params, l1_error) = l1_params(
+                &spec,
+                &gpu,
+                &l1_config,
+                l1_operands,
+                &act_scales,
+                ptrs.out_probs,
+            )?;
+            let l2_operands = GemmPointers {
+                a: acts.ptr(),
+                scale_a: act_scales.ptr(),
+                b: w2.ptr(),
+                scale_b: s2.ptr(),
+                expert_rows: pool.padded,
+                out: ptrs.comb_rows,
+            };
+            let l2 = l2_gemms(&spec, &gpu, sms, l2_operands)?;
             ranks.push(RankState {
                 quantizer: Quantizer::new(&gpu)?,
                 l1: gpu.load(&l1_compiled)?,
@@ -404,11 +355,6 @@ impl SplitLayer {
         Ok(())
     }
 
-    /// Every rank's expired wait, if any (after a failed [`Self::finish`]).
-    pub(crate) fn expired_waits(&self) -> Result<Vec<Option<megamoe_cuda::Error>>> {
-        Ok(self.ep.expired_waits()?)
-    }
-
     /// The GPU handle of local rank `rank` (by its global number): its stream, its timers.
     pub fn gpu(&self, rank: usize) -> &Gpu {
         &self.ranks[rank - self.local_ranks().start].gpu
@@ -436,25 +382,6 @@ impl SplitLayer {
     /// offset of a buffer.
     pub(crate) fn output(&self, rank: usize) -> (&DeviceBuffer, usize) {
         (self.ep.io(rank), self.ep.io_offset(IoRegion::Y))
-    }
-
-    /// Every local rank's staged inputs as bytes: the input rows and scales, the routing, the
-    /// bf16 staging (the selftest's "nothing written before validation" check).
-    pub(crate) fn input_bytes(&self) -> Result<Vec<u8>> {
-        let l = self.ep.layout;
-        let mut out = Vec::new();
-        for (r, rank) in self.local() {
-            let (buf, io) = (self.ep.buffer(r), self.ep.io(r));
-            let places = [
-                (buf, l.in_rows),
-                (buf, l.in_scales),
-                (io, self.ep.io_offset(IoRegion::TopkIdx)),
-                (io, self.ep.io_offset(IoRegion::Probs)),
-                (&rank.x_bf16, 0),
-            ];
-            append_staged(&self.spec, places, &mut out)?;
-        }
-        Ok(out)
     }
 
     fn count_received(&mut self) -> Result<()> {
@@ -487,59 +414,72 @@ impl SplitLayer {
         let slots = local_slots * self.spec.ranks / staged.tokens.len().max(1);
         slots / self.spec.shape.experts
     }
-
-    /// Our two grouped GEMMs alone over the pool of the last call of `staged`: a plain L1 (bf16
-    /// output into a scratch buffer) and the layer's L2 (the benchmark's GEMM-only arm).
-    pub(crate) fn gemms_only(&self, staged: &Staged) -> Result<GemmsOnly> {
-        let (h, i) = (self.spec.shape.hidden, self.spec.shape.inter);
-        let el = self.spec.shape.local_experts(self.spec.ranks);
-        let rows = self.spec.pool_rows();
-        let problem = l1_problem(h, i, el, self.rows_per_expert(staged));
-        let config = choose(&problem, self.l1_config.ctas)?;
-        let mut l1 = Vec::new();
-        let mut scratch = Vec::new();
-        for (r, rank) in self.local() {
-            let out = rank.gpu.alloc(rows * 2 * i * 2)?;
-            let ptrs = self.ep.ptrs(r);
-            l1.push(GroupedGemm::new(
-                &rank.gpu,
-                problem,
-                config,
-                rows,
-                GemmPointers {
-                    a: ptrs.out_rows,
-                    scale_a: ptrs.out_scales,
-                    b: rank.w1.ptr(),
-                    scale_b: rank.s1.ptr(),
-                    expert_rows: self.ep.handle_ptrs(&self.handle, r).padded,
-                    out: out.ptr(),
-                },
-            )?);
-            scratch.push(out);
-        }
-        Ok(GemmsOnly {
-            l1,
-            l2: self.l2_index(staged)?,
-            _scratch: scratch,
-        })
-    }
 }
 
-/// The benchmark's GEMM-only arm (see [`SplitLayer::gemms_only`]).
-pub(crate) struct GemmsOnly {
-    l1: Vec<GroupedGemm>,
-    l2: usize,
-    _scratch: Vec<DeviceBuffer>,
+/// The world of dispatch and combine under `spec`: every rank in this process, or `one_rank`
+/// (its rank, its GPU and the handle exchange), with `fault` injected (the selftest's); and
+/// the SM count of its GPUs.
+fn ep_world(
+    spec: &LayerSpec,
+    fault: Option<(std::time::Duration, InjectedFault)>,
+    one_rank: Option<(usize, usize, Box<dyn AllGather>)>,
+) -> Result<(EpWorld, usize)> {
+    let mut ep_config = EpConfig::new(spec.ep_spec(), RowDtype::Fp8);
+    ep_config.group_major_scales = true;
+    // A process of one rank shares its GPU with no rank of its own (processes that share a
+    // GPU take turns on it).
+    let (local, gpus, device) = match &one_rank {
+        Some((_, device, _)) => (1, 1, *device),
+        None => (spec.ranks, megamoe_cuda::device_count()?.max(1), 0),
+    };
+    let sms = Gpu::new(device)?.props().sm_count as usize;
+    ep_config.num_sms = comm_sms(spec.comm_sms, local, gpus, sms);
+    if let Some((deadline, fault)) = fault {
+        ep_config.deadline = deadline;
+        ep_config.fault = Some(fault);
+    }
+    let ep = match one_rank {
+        Some((rank, device, exchange)) => EpWorld::for_rank(ep_config, rank, device, exchange)?,
+        None => EpWorld::new(ep_config)?,
+    };
+    Ok((ep, sms))
 }
 
-impl GemmsOnly {
-    pub(crate) fn launch(&self, layer: &SplitLayer) -> Result<()> {
-        for (rank, l1) in layer.ranks.iter().zip(&self.l1) {
-            l1.launch(&rank.gpu)?;
-            rank.l2[self.l2].launch(&rank.gpu)?;
-        }
-        Ok(())
-    }
+/// One rank's L1 params: the GEMM over `operands` (dispatched rows times W1 into the
+/// intermediate), with the SwiGLU epilogue quantizing into the intermediate and its scales
+/// `act_scales`, weighted by the dispatched rows' `probs`; and the GEMM's error record.
+fn l1_params(
+    spec: &LayerSpec,
+    gpu: &Gpu,
+    config: &GemmConfig,
+    operands: GemmPointers,
+    act_scales: &DeviceBuffer,
+    probs: u64,
+) -> Result<(SplitL1Params, DeviceBuffer)> {
+    let (h, i) = (spec.shape.hidden, spec.shape.inter);
+    let el = spec.shape.local_experts(spec.ranks);
+    let rows = spec.pool_rows();
+    let problem = l1_problem(h, i, el, POOL_PAD, spec.accumulation);
+    let (gemm, error) = gemm_params(gpu, &problem, config, rows, operands)?;
+    let params = SplitL1Params {
+        gemm,
+        epilogue: SwigluQuant::new(spec, operands.out, act_scales.ptr(), probs, rows),
+    };
+    Ok((params, error))
+}
+
+/// One rank's L2 launches over `operands` on `gpu`, one per configuration of [`l2_configs`].
+fn l2_gemms(
+    spec: &LayerSpec,
+    gpu: &Gpu,
+    sms: usize,
+    operands: GemmPointers,
+) -> Result<Vec<GroupedGemm>> {
+    let rows = spec.pool_rows();
+    l2_configs(spec, sms)?
+        .into_iter()
+        .map(|(problem, config)| Ok(GroupedGemm::new(gpu, problem, config, rows, operands)?))
+        .collect()
 }
 
 /// The L2 GEMM's problem: the intermediate (K = I, scales per G) times W2 (N = H), bf16 rows.
@@ -552,6 +492,7 @@ fn l2_problem(spec: &LayerSpec, rows_per_expert: usize) -> GemmProblem {
         layout: Layout::Contiguous { pad: POOL_PAD },
         out: OutDtype::Bf16,
         rows_per_expert,
+        accumulation: spec.accumulation,
     }
 }
 

@@ -9,54 +9,98 @@
 use std::sync::Arc;
 
 use cudarc::driver::sys;
-use megamoe_cuda::{jit, Gpu, Kernel, KernelSpec, LaunchConfig, Pod};
+use megamoe_cuda::interface::{DeviceStruct, GeneratedHeader, Item};
+use megamoe_cuda::{jit, Gpu, Kernel, KernelSpec, LaunchConfig};
 
 use crate::error::Result;
 
-/// Device: `StageParams`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct StageParams {
-    pub topk_idx: u64,
-    pub topk_weights: u64,
-    pub out_idx: u64,
-    pub out_weights: u64,
-    pub fault: u64,
-    /// The caller's e4m3 rows and scales, or 0 (rows already in place, or bf16 rows the
-    /// quantizer writes there).
-    pub x: u64,
-    pub x_scales: u64,
-    pub out_x: u64,
-    pub out_x_scales: u64,
-    /// T · H, the rows' bytes (0: no copy).
-    pub x_bytes: u64,
-    pub tokens: i32,
-    pub topk: i32,
-    pub experts: i32,
-    pub idx64: i32,
+megamoe_cuda::device_struct! {
+    #[device(namespace = "megamoe::layer")]
+    /// The staging kernel's one parameter struct.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct StageParams {
+        /// The caller's `[T, K]`, i64 when `idx64` else i32.
+        pub topk_idx: u64,
+        /// The caller's f32 `[T, K]`.
+        pub topk_weights: u64,
+        /// The layer's i32 `[T, K]`.
+        pub out_idx: u64,
+        /// The layer's f32 `[T, K]`.
+        pub out_weights: u64,
+        /// The RouteFault record, host-mapped (its device address).
+        pub fault: u64,
+        /// The caller's e4m3 rows `[T, H]` and f32 scales `[T, H/128]`, or 0 (rows already in
+        /// place, or bf16 rows the quantizer writes there).
+        pub x: u64,
+        pub x_scales: u64,
+        /// The symmetric input region's rows and scales.
+        pub out_x: u64,
+        pub out_x_scales: u64,
+        /// T · H, the rows' bytes (a multiple of 16; 0: no copy).
+        pub x_bytes: u64,
+        pub tokens: i32,
+        pub topk: i32,
+        pub experts: i32,
+        pub idx64: i32,
+    }
 }
 
-/// Device: `RouteFault`, the record the kernel leaves in host-mapped memory.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RouteFault {
-    /// 0: none pending; 1 an expert id out of range, 2 an expert twice in a row, 3 a routed
-    /// slot's weight not finite.
-    pub code: u32,
-    pub row: i32,
-    pub slot: i32,
-    /// For an expert named twice: the slot that named it first.
-    pub first: i32,
-    /// The expert id, or the weight's f32 bits.
-    pub value: i64,
+megamoe_cuda::device_struct! {
+    #[device(namespace = "megamoe::layer")]
+    /// The record the kernel leaves in host-mapped memory: `code` last, after the rest is
+    /// visible (the host reads it first).
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct RouteFault {
+        /// 0: none pending; else a `ROUTE_*` code (device: `RouteFaultCode`).
+        pub code: u32,
+        pub row: i32,
+        pub slot: i32,
+        /// For an expert named twice: the slot that named it first.
+        pub first: i32,
+        /// The expert id, or the weight's f32 bits.
+        pub value: i64,
+    }
 }
 
-const _: () = assert!(std::mem::size_of::<StageParams>() == 96);
-const _: () = assert!(std::mem::size_of::<RouteFault>() == 24);
-// SAFETY: integers only, layout asserted here and in stage.cuh.
-unsafe impl Pod for StageParams {}
+/// An expert id outside [-1, E).
+pub const ROUTE_EXPERT_OUT_OF_RANGE: u32 = 1;
+/// An expert named twice in a token's row.
+pub const ROUTE_EXPERT_TWICE: u32 = 2;
+/// A routed slot's weight is not finite.
+pub const ROUTE_WEIGHT_NOT_FINITE: u32 = 3;
 
 pub const STAGE_THREADS: u32 = 1024;
+
+/// The device header generated from this module's declarations.
+pub(crate) fn generated_header() -> GeneratedHeader {
+    GeneratedHeader {
+        path: "megamoe_layer/impls/stage_params.cuh",
+        source: file!(),
+        about: &[
+            " The staging kernel's parameters and its record of a bad routing (impls/stage.cuh).",
+        ],
+        includes: &[],
+        namespace: "megamoe::layer",
+        preamble: &[],
+        items: vec![
+            Item::constant(" Threads per block.", "kStageThreads", "u32", STAGE_THREADS),
+            RouteFault::declaration(),
+            Item::enumeration(
+                " RouteFault::code.",
+                "RouteFaultCode",
+                "u32",
+                &[
+                    ("kExpertOutOfRange", ROUTE_EXPERT_OUT_OF_RANGE.into()),
+                    ("kExpertTwice", ROUTE_EXPERT_TWICE.into()),
+                    ("kWeightNotFinite", ROUTE_WEIGHT_NOT_FINITE.into()),
+                ],
+            ),
+            StageParams::declaration(),
+        ],
+    }
+}
 
 impl RouteFault {
     /// The fault as the error of the argument it names (the layer's `topk_idx` or
@@ -65,14 +109,14 @@ impl RouteFault {
         use megamoe_core::Error;
         let (row, slot) = (self.row as usize, self.slot as usize);
         match self.code {
-            1 => Error::ExpertOutOfRange {
+            ROUTE_EXPERT_OUT_OF_RANGE => Error::ExpertOutOfRange {
                 arg: "topk_idx",
                 row,
                 slot,
                 value: self.value,
                 experts,
             },
-            2 => Error::DuplicateExpert {
+            ROUTE_EXPERT_TWICE => Error::DuplicateExpert {
                 arg: "topk_idx",
                 row,
                 expert: self.value as usize,

@@ -6,6 +6,9 @@
 use megamoe_core::preset::Shape;
 use megamoe_core::weights::RankWeightsFp8;
 use megamoe_core::{Error, Result};
+use megamoe_cuda::{DeviceBuffer, Gpu};
+
+use crate::error::LayerError;
 
 /// Rows of one weight scale block, the unit the gate/up interleave moves.
 const BLOCK: usize = 128;
@@ -65,6 +68,34 @@ pub fn check(weights: &RankWeightsFp8, shape: &Shape, local_experts: usize) -> R
         }
     }
     Ok(())
+}
+
+/// One rank's weights on its GPU: W1 (gate and up interleaved) and its scales, W2 and its
+/// scales, in the layouts the L1 and L2 GEMMs read.
+pub(crate) struct DeviceWeights {
+    pub w1: DeviceBuffer,
+    pub s1: DeviceBuffer,
+    pub w2: DeviceBuffer,
+    pub s2: DeviceBuffer,
+}
+
+/// Rank `rank`'s weights from `weights(rank)`, checked against `shape`'s sizes, on `gpu`.
+pub(crate) fn upload(
+    gpu: &Gpu,
+    rank: usize,
+    weights: impl Fn(usize) -> Result<RankWeightsFp8>,
+    shape: &Shape,
+    local_experts: usize,
+) -> crate::error::Result<DeviceWeights> {
+    let w = weights(rank).map_err(|e| LayerError::input(rank, e))?;
+    check(&w, shape, local_experts).map_err(|e| LayerError::input(rank, e))?;
+    let (w1, s1) = interleave_w1(&w.w1, &w.s1, shape, local_experts);
+    Ok(DeviceWeights {
+        w1: gpu.alloc_from(&w1)?,
+        s1: gpu.alloc_from(&s1)?,
+        w2: gpu.alloc_from(&w.w2)?,
+        s2: gpu.alloc_from(&w.s2)?,
+    })
 }
 
 #[cfg(test)]

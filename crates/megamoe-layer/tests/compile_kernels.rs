@@ -2,5 +2,5 @@
 
 #[test]
 fn every_config_compiles_clean() {
-    megamoe_cuda::jit::assert_compiles_clean(&megamoe_layer::kernel::kernel_specs());
+    megamoe_cuda::jit::assert_compiles_clean(&megamoe_layer::kernel_specs());
 }

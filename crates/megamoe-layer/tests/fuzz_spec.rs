@@ -2,7 +2,7 @@
 //! accepts has a dispatch buffer megamoe-ep accepts and a size query that computes.
 
 use megamoe_core::plan::rules::MAX_TOKENS;
-use megamoe_core::{Error, Shape};
+use megamoe_core::{Accumulation, Error, Shape};
 use megamoe_layer::{Kind, LayerSpec};
 use proptest::prelude::*;
 
@@ -86,6 +86,7 @@ proptest! {
             group,
             clamp,
             comm_sms: None,
+            accumulation: Accumulation::Rescaled,
         };
         match (spec.validate(), fault(&spec)) {
             (Ok(()), None) => {

@@ -6,7 +6,7 @@ use megamoe_core::limits::HOST_BATCH_TOKENS;
 use megamoe_core::preset::{Shape, PRESETS};
 use megamoe_core::quant::default_group;
 use megamoe_core::routing::{generate_world, RoutingKind, RoutingSpec};
-use megamoe_core::{diff, fused_layer, LayerOptions, Preset, WeightGen};
+use megamoe_core::{diff, fused_layer, Accumulation, LayerOptions, Preset, WeightGen};
 use megamoe_cuda::probe;
 use megamoe_layer::{Kind, LayerBytes, LayerSpec};
 
@@ -25,6 +25,8 @@ pub struct LayerArgs<'a> {
     pub kind: &'a str,
     pub group: Option<i64>,
     pub clamp: Option<f64>,
+    /// "per-block" or "rescaled"; None: the default (the size query does not depend on it).
+    pub accumulation: Option<&'a str>,
 }
 
 /// A count Python passed as a signed int; a negative one is a `ValueError` naming `arg`.
@@ -71,6 +73,14 @@ impl LayerArgs<'_> {
             },
             // f32 is what the kernels take; a value too large for it becomes inf and is refused.
             clamp: self.clamp.map(|c| c as f32),
+            accumulation: match self.accumulation {
+                Some(a) => Accumulation::by_name(a).map_err(|_| {
+                    Error::Value(format!(
+                        "accumulation: {a:?} must be \"per-block\" or \"rescaled\""
+                    ))
+                })?,
+                None => Accumulation::default(),
+            },
             ..LayerSpec::new(
                 shape,
                 count("num_ranks", self.num_ranks)?,
@@ -222,6 +232,7 @@ mod tests {
             kind: "fused",
             group: None,
             clamp: None,
+            accumulation: None,
         }
     }
 
@@ -333,6 +344,13 @@ mod tests {
                 },
                 "kind",
             ),
+            (
+                LayerArgs {
+                    accumulation: Some("fast"),
+                    ..ok.clone()
+                },
+                "accumulation: \"fast\" must be \"per-block\" or \"rescaled\"",
+            ),
         ] {
             // The Python argument first, and no Rust-only name (`kernel`) in its place.
             match buffer_size(&bad) {
@@ -343,6 +361,22 @@ mod tests {
                 other => panic!("{arg}: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn the_accumulation_reaches_the_spec_and_none_is_the_default() {
+        let spec = |a| {
+            LayerArgs {
+                accumulation: a,
+                ..flash(8, 8192)
+            }
+            .spec()
+            .unwrap()
+            .accumulation
+        };
+        assert_eq!(spec(None), Accumulation::PerBlock);
+        assert_eq!(spec(Some("per-block")), Accumulation::PerBlock);
+        assert_eq!(spec(Some("rescaled")), Accumulation::Rescaled);
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! the host first: E integers), and maps megamoe-gemm's errors to the Python arguments.
 
 use megamoe_cuda::Gpu;
+use megamoe_gemm::heuristics::Accumulation;
 use megamoe_gemm::{choose, GemmError, GemmPointers, GemmProblem, GroupedGemm, Layout, OutDtype};
 
 use crate::api::require_gpu;
@@ -118,6 +119,7 @@ pub unsafe fn grouped_gemm(
         layout: shape.layout,
         out: shape.out,
         rows_per_expert,
+        accumulation: Accumulation::PerBlock,
     };
     let config = choose(&problem, gpu.props().sm_count as usize)?;
     if matches!(shape.layout, Layout::Contiguous { .. }) && shape.rows == 0 {

@@ -320,7 +320,8 @@ pub(crate) mod bindings {
         #[new]
         #[pyo3(signature = (
             num_ranks, num_experts, num_max_tokens_per_rank, num_topk, hidden,
-            intermediate_hidden, kind = "fused", scale_granularity = None, clamp = None
+            intermediate_hidden, kind = "fused", scale_granularity = None, clamp = None,
+            accumulation = "per-block"
         ))]
         #[allow(clippy::too_many_arguments)] // DeepGEMM's signature, one argument per size.
         fn new(
@@ -333,6 +334,7 @@ pub(crate) mod bindings {
             kind: &str,
             scale_granularity: Option<i64>,
             clamp: Option<f64>,
+            accumulation: &str,
         ) -> PyResult<Layer> {
             let layer = GpuLayer::new(&LayerArgs {
                 num_ranks,
@@ -344,6 +346,7 @@ pub(crate) mod bindings {
                 kind,
                 group: scale_granularity,
                 clamp,
+                accumulation: Some(accumulation),
             })?;
             Ok(Layer(Mutex::new(layer)))
         }
@@ -356,7 +359,8 @@ pub(crate) mod bindings {
         #[staticmethod]
         #[pyo3(signature = (
             rank, device, all_gather, num_ranks, num_experts, num_max_tokens_per_rank, num_topk,
-            hidden, intermediate_hidden, kind = "fused", scale_granularity = None, clamp = None
+            hidden, intermediate_hidden, kind = "fused", scale_granularity = None, clamp = None,
+            accumulation = "per-block"
         ))]
         #[allow(clippy::too_many_arguments)] // Layer's arguments and the process's rank.
         fn for_rank(
@@ -372,6 +376,7 @@ pub(crate) mod bindings {
             kind: &str,
             scale_granularity: Option<i64>,
             clamp: Option<f64>,
+            accumulation: &str,
         ) -> PyResult<Layer> {
             let args = LayerArgs {
                 num_ranks,
@@ -383,6 +388,7 @@ pub(crate) mod bindings {
                 kind,
                 group: scale_granularity,
                 clamp,
+                accumulation: Some(accumulation),
             };
             let (spec, rank, device) = GpuLayer::rank_config(&args, rank, device)?;
             let exchange = PyAllGather::new(all_gather, rank)?;
@@ -397,7 +403,8 @@ pub(crate) mod bindings {
         }
 
         /// (num_ranks, num_experts, num_max_tokens_per_rank, num_topk, hidden,
-        /// intermediate_hidden, kind, scale_granularity, clamp) as the layer was built.
+        /// intermediate_hidden, kind, scale_granularity, clamp, accumulation) as the layer was
+        /// built.
         #[allow(clippy::type_complexity)]
         fn spec(
             &self,
@@ -411,6 +418,7 @@ pub(crate) mod bindings {
             String,
             usize,
             Option<f32>,
+            &'static str,
         )> {
             self.with(|l| {
                 let s = l.spec;
@@ -424,6 +432,7 @@ pub(crate) mod bindings {
                     s.kind.name().to_string(),
                     s.group,
                     s.clamp,
+                    s.accumulation.name(),
                 ))
             })
         }
@@ -525,6 +534,7 @@ mod tests {
             kind,
             group: None,
             clamp: None,
+            accumulation: None,
         }
     }
 

@@ -29,7 +29,8 @@ impl From<Error> for PyErr {
 #[pyfunction]
 #[pyo3(signature = (
     num_ranks, num_experts, num_max_tokens_per_rank, num_topk, hidden, intermediate_hidden,
-    kind = "fused", scale_granularity = None, clamp = None, *, group = None
+    kind = "fused", scale_granularity = None, clamp = None, *, group = None,
+    accumulation = None
 ))]
 #[allow(clippy::too_many_arguments)] // DeepGEMM's signature, one argument per size.
 fn get_symm_buffer_size<'py>(
@@ -44,6 +45,7 @@ fn get_symm_buffer_size<'py>(
     scale_granularity: Option<i64>,
     clamp: Option<f64>,
     group: Option<i64>,
+    accumulation: Option<&str>,
 ) -> PyResult<Bound<'py, PyDict>> {
     if group.is_some() {
         let warning = py.get_type::<pyo3::exceptions::PyDeprecationWarning>();
@@ -71,6 +73,7 @@ fn get_symm_buffer_size<'py>(
         kind,
         group,
         clamp,
+        accumulation,
     })?;
     let d = PyDict::new(py);
     d.set_item("symmetric_bytes", bytes.symmetric)?;
@@ -158,6 +161,7 @@ fn _megamoe(m: &Bound<'_, PyModule>) -> PyResult<()> {
     crate::layer::bindings::register(m)?;
     crate::gemm::bindings::register(m)?;
     crate::ep::py::register(m)?;
+    crate::tensor::bindings::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

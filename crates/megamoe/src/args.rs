@@ -9,8 +9,9 @@
 use std::fmt;
 
 use megamoe_core::limits::{self, Limit};
-use megamoe_core::plan::rules::{check_gran, default_gran};
-use megamoe_core::{Preset, Shape};
+use megamoe_core::plan::rules::check_gran;
+use megamoe_core::quant::default_group;
+use megamoe_core::{Accumulation, Preset, Shape};
 
 /// Timed calls per measurement of a benchmark.
 pub const ITERS: Limit = Limit {
@@ -199,6 +200,16 @@ pub fn exponent(text: &str) -> Result<f64, String> {
     real_in(text, 0.0, f64::MAX, "[0, inf) (finite)")
 }
 
+/// The GEMMs' accumulation (`--accumulation`): per-block (the default) or rescaled.
+pub fn accumulation(text: &str) -> Result<Accumulation, String> {
+    Accumulation::by_name(text).map_err(|_| format!("{text} is not per-block or rescaled"))
+}
+
+/// The help of every `--accumulation` flag: the trade, said where it is chosen.
+pub const ACCUMULATION_HELP: &str = "How the GEMMs sum over K: per-block (default: each \
+    128-wide K block promoted into an f32 sum, SPEC §3) or rescaled (the running sum kept in \
+    the tensor cores' accumulator: faster, error growing with K; opt-in)";
+
 /// The SwiGLU clamp: positive and finite (what the GPU layer takes).
 pub fn clamp(text: &str) -> Result<f32, String> {
     match text.parse::<f32>() {
@@ -237,7 +248,7 @@ pub fn preset(name: &str, ranks: usize) -> Result<Preset, Usage> {
 pub fn gran(shape: &Shape, gran: Option<usize>) -> Result<usize, Usage> {
     match gran {
         Some(g) => check_gran(shape, g).map_err(|e| usage("--gran", e)),
-        None => Ok(default_gran(shape)),
+        None => Ok(default_group(shape)),
     }
 }
 
@@ -279,6 +290,16 @@ mod tests {
     fn one_of_lists_the_choices() {
         assert_eq!(one_of(&[64, 128])("128"), Ok(128));
         assert!(one_of(&[64, 128])("-64").unwrap_err().contains("[64, 128]"));
+    }
+
+    #[test]
+    fn accumulation_takes_the_two_names_and_refuses_everything_else() {
+        assert_eq!(accumulation("per-block"), Ok(Accumulation::PerBlock));
+        assert_eq!(accumulation("rescaled"), Ok(Accumulation::Rescaled));
+        for bad in ["", "Rescaled", "per_block", "1"] {
+            let e = accumulation(bad).unwrap_err();
+            assert!(e.contains("per-block or rescaled"), "{e}");
+        }
     }
 
     #[test]

@@ -125,6 +125,7 @@ fn bad_arguments_exit_non_zero_with_a_one_line_reason() {
         (&["--ranks", "3"][..], "ranks"),
         (&["--masked", "1.5"][..], "masked"),
         (&["--gran", "96"][..], "96"),
+        (&["--accumulation", "fast"][..], "per-block or rescaled"),
     ] {
         let out = run(args);
         assert!(!out.status.success(), "{args:?} succeeded");
@@ -139,6 +140,7 @@ fn the_gpu_layers_flags_are_refused_with_the_cpu_backend() {
     for (flag, value) in [
         ("--kernel", Some("split")),
         ("--kernel", Some("fused")),
+        ("--accumulation", Some("rescaled")),
         ("--check", None),
     ] {
         let mut args = vec!["--preset", "tiny", "--backend", "cpu", flag];

@@ -19,8 +19,9 @@ import importlib.metadata
 import shutil
 import sys
 import sysconfig
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 PACKAGE = "deep_ep"
 MARKER = "MEGAMOE_COMPAT"

@@ -54,11 +54,21 @@ bf16 input itself, while HybridEP's takes caller-quantized rows and scales). Bad
 ValueError naming the argument, raised before anything is written; the buffer stays usable.
 """
 
+from __future__ import annotations
+
 import os
 import weakref
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Union
 
+from .._megamoe import check_tensor
 from .._tensors import torch as _torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
+    from torch.distributed import ProcessGroup
+
+    # A tensor of the process-group buffer, or one per rank of a virtual world.
+    Tensors = Union[Tensor, list[Tensor]]
 
 #: The most experts one token can be routed to (megamoe's top-k bound).
 MAX_TOPK = 8
@@ -103,20 +113,20 @@ class HybridEPBuffer:
 
     def __init__(
         self,
-        group,
+        group: ProcessGroup,
         hidden_dim: int,
         max_num_of_tokens_per_rank: int,
         num_local_experts: int,
         use_fp8: bool = False,
-        num_sms_dispatch_api=None,
-        num_sms_combine_api=None,
-        num_sms_preprocessing_api=None,
-        num_blocks_permute=None,
-        num_blocks_unpermute=None,
+        num_sms_dispatch_api: int | None = None,
+        num_sms_combine_api: int | None = None,
+        num_sms_preprocessing_api: int | None = None,
+        num_blocks_permute: int | None = None,
+        num_blocks_unpermute: int | None = None,
         *,
-        num_topk=None,
+        num_topk: int | None = None,
         max_pad_multiple: int = 128,
-        deadline_ms=None,
+        deadline_ms: int | None = None,
     ):
         if group is None:
             raise ValueError("group: a torch.distributed process group is required (for every rank "
@@ -134,11 +144,11 @@ class HybridEPBuffer:
         max_num_of_tokens_per_rank: int,
         num_local_experts: int,
         *,
-        num_sms=None,
-        num_topk=None,
+        num_sms: int | None = None,
+        num_topk: int | None = None,
         max_pad_multiple: int = 128,
-        deadline_ms=None,
-    ) -> "HybridEPBuffer":
+        deadline_ms: int | None = None,
+    ) -> HybridEPBuffer:
         """Every rank of a world of ``num_ranks`` ranks in this process (rank r on GPU
         ``r % G`` of the G visible GPUs), for tests: the calls take and return lists with one
         tensor per rank where the process-group buffer takes and returns one tensor."""
@@ -219,13 +229,9 @@ class HybridEPBuffer:
         return [th.device("cuda", r % g) for r in range(self.num_ranks)]
 
     def _check_tensor(self, name, t, dtype, shape, device):
-        if t.dtype != dtype:
-            raise ValueError(f"{name}: dtype {t.dtype}, expected {dtype}")
-        if t.dim() != len(shape) or any(w is not None and g != w for g, w in zip(t.shape, shape)):
-            want = ", ".join("*" if w is None else str(w) for w in shape)
-            raise ValueError(f"{name}: shape {tuple(t.shape)}, expected ({want})")
-        if t.device != device:
-            raise ValueError(f"{name}: on {t.device}, expected {device}")
+        """Dtype, shape and device of a tensor torch reads (converted before megamoe.ep takes
+        it, so any layout does)."""
+        check_tensor(name, t, dtype, shape, device.index, by_address=False)
 
     def _check_pad_multiple(self, pad_multiple):
         if pad_multiple is None or pad_multiple == 0:
@@ -246,17 +252,17 @@ class HybridEPBuffer:
     def dispatch_with_permute(
         self,
         *,
-        hidden,
-        routing_map=None,
-        probs=None,
-        scaling_factor=None,
-        num_of_experts_per_rank=None,
-        pad_multiple=None,
-        num_permuted_tokens=None,
-        handle=None,
+        hidden: Tensors,
+        routing_map: Tensors | None = None,
+        probs: Tensors | None = None,
+        scaling_factor: None = None,
+        num_of_experts_per_rank: int | None = None,
+        pad_multiple: int | None = None,
+        num_permuted_tokens: int | None = None,
+        handle: Handle | None = None,
         non_blocking: bool = False,
         fuse_permute_dispatch: bool = False,
-    ):
+    ) -> tuple[Tensors, Tensors | None, None, Tensors | None, Handle]:
         """Dispatch with permute (see the module's docstring). ``hidden`` bf16 ``[T, H]``,
         ``routing_map`` bool ``[T, E]`` (E = num_local_experts · ranks), ``probs`` f32
         ``[T, E]`` or None, ``num_of_experts_per_rank`` the constructor's
@@ -351,7 +357,7 @@ class HybridEPBuffer:
         handle = Handle(self, ep, state, idx, e, pad, public_rows, self._one(flags))
         return (self._one(rows), None if p is None else self._one(row_probs), None, self._one(tpe), handle)
 
-    def sync(self):
+    def sync(self) -> None:
         """Waits for this buffer's calls and raises the first failure of the non-blocking ones,
         except overflows of a budget, which the dispatch reported through its overflow flag
         (cleared here: later flags report later calls only)."""
@@ -451,12 +457,12 @@ class HybridEPBuffer:
     def combine_with_unpermute(
         self,
         *,
-        hidden,
-        probs=None,
-        handle=None,
-        pad_multiple=None,
+        hidden: Tensors,
+        probs: Tensors | None = None,
+        handle: Handle | None = None,
+        pad_multiple: int | None = None,
         fuse_unpermute_combine: bool = False,
-    ):
+    ) -> tuple[Tensors, Tensors | None]:
         """Combine with unpermute (see the module's docstring): ``hidden`` bf16 ``[N, H]`` in the
         layout of ``handle``'s dispatch (its padding rows are not read), ``probs`` None or the
         f32 ``[N]`` gradient of the dispatched row probs (then this is the dispatch's backward),

@@ -126,6 +126,9 @@ pub struct SymmetricLayout {
     pub pool_rows: usize,
     pub regions: Vec<Region>,
     pub total_bytes: u64,
+    /// The fused kernel's regions by name (`Some` for [`Kernel::Fused`]).
+    #[serde(skip)]
+    pub fused: Option<FusedOffsets>,
 }
 
 impl SymmetricLayout {
@@ -165,12 +168,16 @@ impl SymmetricLayout {
         // The split layer pads each expert's segment to whole slots.
         let spec = BufferSpec::for_shape(ranks, shape, ring.t_cap, SLOT_ROWS);
         spec.validate()?;
-        let (pool_rows, (regions, total)) = match kernel {
+        let (pool_rows, (regions, total), fused) = match kernel {
             Kernel::Split => (
                 spec.max_rows(),
                 (BufferLayout::regions(&spec), BufferLayout::new(&spec).size),
+                None,
             ),
-            Kernel::Fused => (ring.ring_rows, fused_regions(shape, ranks, &ring, gran)),
+            Kernel::Fused => {
+                let (offsets, regions) = fused_regions(shape, ranks, &ring, gran);
+                (ring.ring_rows, regions, Some(offsets))
+            }
         };
         Ok(SymmetricLayout {
             kernel,
@@ -181,6 +188,7 @@ impl SymmetricLayout {
             pool_rows,
             regions,
             total_bytes: total as u64,
+            fused,
         })
     }
 
@@ -192,8 +200,12 @@ impl SymmetricLayout {
 
 /// Bytes of one m-block's entry in the plan (expert, first row, rows, pad: u32 each), of one
 /// stream segment (kind, first block, blocks, first task) and of one block's counters (rows
-/// pulled, L1 and L2 warpgroup-tasks done, pad).
+/// pulled, L1 and L2 warpgroup-tasks done, L1 started).
 pub const PLAN_ENTRY_BYTES: usize = 16;
+/// Bytes of the plan's header: blocks, segments, tasks, status (u32 each).
+pub const PLAN_HEADER_BYTES: usize = 16;
+/// Bytes of a local expert's L2 counters: warpgroup-tasks done and owed (u32 each).
+pub const EXPERT_L2_BYTES: usize = 8;
 
 /// Most m-blocks of 128 rows one call of a fused buffer can have.
 pub fn fused_max_blocks(shape: &Shape, ranks: usize, t_cap: usize) -> usize {
@@ -207,61 +219,102 @@ pub fn fused_max_segments(shape: &Shape, ranks: usize, t_cap: usize) -> usize {
     2 * (local + fused_max_blocks(shape, ranks, t_cap) / rules::UNIT_BLOCKS + 1)
 }
 
-/// The fused kernel's buffer (megamoe-layer's device/megamoe_layer/impls/fused_params.cuh):
-/// the call's inputs and published routing (peers read them), the ring, the call's plan and
-/// block counters (private to the rank), the combine rows (peers write them), between the
-/// shared signal regions and the error record.
+/// Byte offsets of the fused kernel's regions, the same in every rank's buffer (what the
+/// kernel's `FusedRegions` receives; megamoe-layer's src/kernel.rs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FusedOffsets {
+    pub epochs: u64,
+    pub signals: u64,
+    pub x: u64,
+    pub x_scales: u64,
+    pub topk_idx: u64,
+    pub topk_weights: u64,
+    pub counts: u64,
+    pub send_list: u64,
+    pub l1_pool: u64,
+    pub l1_pool_scales: u64,
+    pub l2_pool: u64,
+    pub l2_pool_scales: u64,
+    pub ring_weights: u64,
+    pub row_dest: u64,
+    pub plan: u64,
+    pub src_base: u64,
+    pub blocks: u64,
+    pub segments: u64,
+    pub block_flags: u64,
+    pub expert_l2: u64,
+    pub expert_done: u64,
+    pub grid_barrier: u64,
+    pub combine: u64,
+    pub error: u64,
+}
+
+/// The fused kernel's buffer (megamoe-layer's device/megamoe_layer/impls/fused.cuh): the call's
+/// inputs and published routing (peers read them), the ring, the call's plan and block
+/// counters (private to the rank), the combine rows (peers write them), between the shared
+/// signal regions and the error record.
 fn fused_regions(
     shape: &Shape,
     ranks: usize,
     ring: &RingSizing,
     gran: usize,
-) -> (Vec<Region>, usize) {
+) -> (FusedOffsets, (Vec<Region>, usize)) {
     let (h, i, k, e) = (shape.hidden, shape.inter, shape.topk, shape.experts);
     let (t, rows, local) = (ring.t_cap, ring.ring_rows, shape.local_experts(ranks));
     let blocks = fused_max_blocks(shape, ranks, t);
     let segments = fused_max_segments(shape, ranks, t);
     let mut c = Regions::default();
-    push_signals(&mut c);
-    let parts: [(&'static str, String, usize); 21] = [
-        (
+    let (epochs, signals) = push_signals(&mut c);
+    let push = |c: &mut Regions, name, what, bytes| c.push(name, what, bytes) as u64;
+    let offsets = FusedOffsets {
+        epochs: epochs as u64,
+        signals: signals as u64,
+        x: push(
+            &mut c,
             "x",
             format!("e4m3 [{t}, {h}]: input tokens, pulled by peers"),
             t * h,
         ),
-        (
+        x_scales: push(
+            &mut c,
             "x_scales",
             format!("f32 [{t}, {}]", h / 128),
             t * (h / 128) * 4,
         ),
-        ("topk_idx", format!("i32 [{t}, {k}]"), t * k * 4),
-        ("topk_weights", format!("f32 [{t}, {k}]"), t * k * 4),
-        (
+        topk_idx: push(&mut c, "topk_idx", format!("i32 [{t}, {k}]"), t * k * 4),
+        topk_weights: push(&mut c, "topk_weights", format!("f32 [{t}, {k}]"), t * k * 4),
+        counts: push(
+            &mut c,
             "counts",
             format!("u32 [{e} + 2]: this call's rows per expert, then T and the bound"),
             (e + 2) * 4,
         ),
-        (
+        send_list: push(
+            &mut c,
             "send_list",
             format!("u32 [{e}, {t}]: the slots t·K + k routed to each expert"),
             e * t * 4,
         ),
-        (
+        l1_pool: push(
+            &mut c,
             "l1_pool",
             format!("e4m3 [{rows}, {h}]: the ring's pulled rows"),
             rows * h,
         ),
-        (
+        l1_pool_scales: push(
+            &mut c,
             "l1_pool_scales",
             format!("f32 [{}, {rows}]: group-major", h / 128),
             rows * (h / 128) * 4,
         ),
-        (
+        l2_pool: push(
+            &mut c,
             "l2_pool",
             format!("e4m3 [{rows}, {i}]: L1 output after SwiGLU"),
             rows * i,
         ),
-        (
+        l2_pool_scales: push(
+            &mut c,
             "l2_pool_scales",
             format!(
                 "f32 [{}, {rows}]: per {gran} columns, group-major",
@@ -269,67 +322,75 @@ fn fused_regions(
             ),
             rows * (i / gran) * 4,
         ),
-        (
+        ring_weights: push(
+            &mut c,
             "ring_weights",
             format!("f32 [{rows}]: each ring row's routing weight"),
             rows * 4,
         ),
-        (
+        row_dest: push(
+            &mut c,
             "row_dest",
             format!("u64 [{rows}]: where each ring row's L2 output goes (its row of the source rank's combine region)"),
             rows * 8,
         ),
-        (
+        plan: push(
+            &mut c,
             "plan",
             "u32 [4]: blocks, segments, tasks, status".into(),
-            16,
+            PLAN_HEADER_BYTES,
         ),
-        (
+        src_base: push(
+            &mut c,
             "src_base",
             format!("u32 [{local}, {ranks}]: where each source's rows start in an expert"),
             local * ranks * 4,
         ),
-        (
+        blocks: push(
+            &mut c,
             "blocks",
             format!("[{blocks}] x 16 B: the call's m-blocks"),
             blocks * PLAN_ENTRY_BYTES,
         ),
-        (
+        segments: push(
+            &mut c,
             "segments",
             format!("[{segments}] x 16 B: the call's task stream"),
             segments * PLAN_ENTRY_BYTES,
         ),
-        (
+        block_flags: push(
+            &mut c,
             "block_flags",
             format!("[{blocks}] x 16 B: rows pulled, L1 and L2 tasks done"),
             blocks * PLAN_ENTRY_BYTES,
         ),
-        (
+        expert_l2: push(
+            &mut c,
             "expert_l2",
             format!("u32 [{local}, 2]: per local expert, L2 warpgroup-tasks done and owed"),
-            local * 8,
+            local * EXPERT_L2_BYTES,
         ),
-        (
+        expert_done: push(
+            &mut c,
             "expert_done",
             format!("u64 [{e}]: the call in which each expert's rank wrote its last L2 rows (written by that rank)"),
             e * 8,
         ),
-        (
+        grid_barrier: push(
+            &mut c,
             "grid_barrier",
             "u64: the persistent launch's grid barrier".into(),
             8,
         ),
-        (
+        combine: push(
+            &mut c,
             "combine",
             format!("bf16 [{t}, {k}, {h}]: L2 rows scattered back by the experts' ranks"),
             t * k * h * 2,
         ),
-    ];
-    for (name, what, bytes) in parts {
-        c.push(name, what, bytes);
-    }
-    push_error(&mut c);
-    c.finish()
+        error: push_error(&mut c) as u64,
+    };
+    (offsets, c.finish())
 }
 
 /// Bytes → MiB.
@@ -344,7 +405,7 @@ mod tests {
 
     fn layouts(preset: &str, t_max: usize) -> (SymmetricLayout, SymmetricLayout) {
         let shape = Preset::by_name(preset).unwrap().shape;
-        let g = rules::default_gran(&shape);
+        let g = crate::quant::default_group(&shape);
         let split = SymmetricLayout::new(Kernel::Split, &shape, 8, t_max, g).unwrap();
         let fused = SymmetricLayout::new(Kernel::Fused, &shape, 8, t_max, g).unwrap();
         (split, fused)
@@ -372,6 +433,42 @@ mod tests {
             }
             assert!(l.total_bytes >= end);
         }
+    }
+
+    #[test]
+    fn the_fused_offsets_are_the_fused_regions_in_order() {
+        let (split, fused) = layouts("pro", 3000);
+        assert_eq!(split.fused, None);
+        let o = fused.fused.unwrap();
+        let typed = [
+            o.epochs,
+            o.signals,
+            o.x,
+            o.x_scales,
+            o.topk_idx,
+            o.topk_weights,
+            o.counts,
+            o.send_list,
+            o.l1_pool,
+            o.l1_pool_scales,
+            o.l2_pool,
+            o.l2_pool_scales,
+            o.ring_weights,
+            o.row_dest,
+            o.plan,
+            o.src_base,
+            o.blocks,
+            o.segments,
+            o.block_flags,
+            o.expert_l2,
+            o.expert_done,
+            o.grid_barrier,
+            o.combine,
+            o.error,
+        ];
+        let listed: Vec<u64> = fused.regions.iter().map(|r| r.offset).collect();
+        assert_eq!(typed.to_vec(), listed);
+        assert_eq!(fused.region("send_list").unwrap().offset, o.send_list);
     }
 
     #[test]

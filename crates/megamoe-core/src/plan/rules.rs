@@ -52,16 +52,6 @@ pub fn align_tokens(t: usize) -> usize {
     t.div_ceil(TOKEN_ALIGN) * TOKEN_ALIGN
 }
 
-/// The default scale granularity of the intermediate activation (SPEC §3): 128 when
-/// H % 512 == 0 and 2I % 512 == 0, else 64.
-pub fn default_gran(shape: &Shape) -> usize {
-    if shape.hidden % 512 == 0 && (2 * shape.inter) % 512 == 0 {
-        128
-    } else {
-        64
-    }
-}
-
 /// Checks an explicit granularity: 64 or 128, and it must divide I.
 pub fn check_gran(shape: &Shape, gran: usize) -> Result<usize> {
     if (gran == 64 || gran == 128) && shape.inter % gran == 0 {
@@ -368,7 +358,6 @@ mod tests {
     #[test]
     fn gran_is_64_or_128() {
         let flash = shape("flash");
-        assert_eq!(default_gran(&flash), 128);
         assert!(check_gran(&flash, 32).is_err());
         assert_eq!(check_gran(&flash, 64), Ok(64));
     }

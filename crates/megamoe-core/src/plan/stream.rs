@@ -172,10 +172,11 @@ pub struct Block {
     pub waits_for: Option<usize>,
 }
 
+/// A task's GEMM; its value is the kernel's (megamoe-layer's `TaskKind`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub enum TaskKind {
-    L1,
-    L2,
+    L1 = 0,
+    L2 = 1,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

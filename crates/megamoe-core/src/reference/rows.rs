@@ -51,23 +51,27 @@ fn dot2x4<const AVX2: bool>(w: [&[f32]; 2], x: [&[f64]; ROWS]) -> [[f64; ROWS]; 
 #[inline(always)]
 unsafe fn dot2x4_avx2(w: [&[f32]; 2], x: [&[f64]; ROWS]) -> [[f64; ROWS]; 2] {
     use std::arch::x86_64::*;
-    let mut acc = [[_mm256_setzero_pd(); ROWS]; 2];
-    for k in (0..w[0].len()).step_by(LANES) {
-        let w0 = _mm256_cvtps_pd(_mm_loadu_ps(w[0].as_ptr().add(k)));
-        let w1 = _mm256_cvtps_pd(_mm_loadu_ps(w[1].as_ptr().add(k)));
-        for r in 0..ROWS {
-            let xr = _mm256_loadu_pd(x[r].as_ptr().add(k));
-            acc[0][r] = _mm256_fmadd_pd(w0, xr, acc[0][r]);
-            acc[1][r] = _mm256_fmadd_pd(w1, xr, acc[1][r]);
+    // SAFETY: the caller guarantees AVX2 and FMA, and slices of one length, a multiple of 4:
+    // every load and store below stays inside its slice or array.
+    unsafe {
+        let mut acc = [[_mm256_setzero_pd(); ROWS]; 2];
+        for k in (0..w[0].len()).step_by(LANES) {
+            let w0 = _mm256_cvtps_pd(_mm_loadu_ps(w[0].as_ptr().add(k)));
+            let w1 = _mm256_cvtps_pd(_mm_loadu_ps(w[1].as_ptr().add(k)));
+            for r in 0..ROWS {
+                let xr = _mm256_loadu_pd(x[r].as_ptr().add(k));
+                acc[0][r] = _mm256_fmadd_pd(w0, xr, acc[0][r]);
+                acc[1][r] = _mm256_fmadd_pd(w1, xr, acc[1][r]);
+            }
         }
+        let reduce = |v: __m256d| {
+            let mut q = [0f64; 4];
+            _mm256_storeu_pd(q.as_mut_ptr(), v);
+            (q[0] + q[2]) + (q[1] + q[3])
+        };
+        let row = |a: [__m256d; ROWS]| [reduce(a[0]), reduce(a[1]), reduce(a[2]), reduce(a[3])];
+        [row(acc[0]), row(acc[1])]
     }
-    let reduce = |v: __m256d| {
-        let mut q = [0f64; 4];
-        _mm256_storeu_pd(q.as_mut_ptr(), v);
-        (q[0] + q[2]) + (q[1] + q[3])
-    };
-    let row = |a: [__m256d; ROWS]| [reduce(a[0]), reduce(a[1]), reduce(a[2]), reduce(a[3])];
-    [row(acc[0]), row(acc[1])]
 }
 
 /// Columns `columns` of four consecutive rows of `acts` (`[n, cols]`) starting at row

@@ -1,5 +1,5 @@
 //! The time model: FLOPs at the measured FP8 rate, bytes at the measured HBM and NVLink rates
-//! (ANCHORS.md), each SM getting an equal share of the GPU's math and HBM rate.
+//! (docs/PEERS.md, "Our machine"), each SM getting an equal share of the GPU's math and HBM rate.
 //!
 //! It is a floor-style model: it predicts what the order and the overlap allow, not what a
 //! kernel of given quality reaches. Its use is to compare orders, lags and kernels against each
@@ -32,7 +32,7 @@ pub struct TimeModel {
 }
 
 impl TimeModel {
-    /// The H200 pair of ANCHORS.md: the rates of the floor, except HBM at the measured copy
+    /// The H200 pair of docs/PEERS.md ("Our machine"): the rates of the floor, except HBM at the measured copy
     /// rate itself (4.18 TB/s) rather than the floor's rounded 4.2, which the simulator's
     /// recorded results (docs/SIMULATOR.md) were made with.
     pub const H200: TimeModel = TimeModel {

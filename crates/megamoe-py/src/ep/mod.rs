@@ -1,7 +1,7 @@
 //! Dispatch / combine with fused permute (SPEC §5) for PyTorch tensors, the CPU reference they
 //! are checked against, and the CUDA IPC exchange of one process per GPU.
 //!
-//! Tensors cross as their metadata ([`tensor::TensorArg`]: data pointer, dtype, shape,
+//! Tensors cross as their metadata ([`TensorArg`]: data pointer, dtype, shape,
 //! contiguity, device), read from the torch objects without linking libtorch; every tensor of a
 //! call is checked before anything is copied or launched. A call runs on the ranks' own streams,
 //! ordered after the caller's stream and back with one event each way: to the caller it is as
@@ -9,7 +9,7 @@
 //! Tensors are copied into the world's symmetric buffer, where peers read them, and results
 //! copied out; the calls block (the output sizes are known when they return).
 //!
-//! Here the world and its calls; [`tensor`] the checks of their tensor arguments,
+//! Here the world and its calls ([`crate::tensor`] checks their tensor arguments);
 //! [`mod@reference`] megamoe-core's CPU answers, [`ipc`] symmetric memory over CUDA IPC and `py`
 //! the Python classes.
 
@@ -23,13 +23,23 @@ use megamoe_ep::{
 
 use crate::api::{count, process_rank};
 use crate::error::{Error, Result};
-use tensor::{per_rank, TensorArg, BF16, F32, FP8, I32};
+use crate::tensor::{TensorArg, BF16, F32, FP8, I32};
 
 pub mod ipc;
 #[cfg(not(test))]
 pub mod py;
 pub mod reference;
-pub mod tensor;
+
+/// One tensor per rank, or an error naming the list.
+fn per_rank<'a>(arg: &str, tensors: &'a [TensorArg], ranks: usize) -> Result<&'a [TensorArg]> {
+    if tensors.len() != ranks {
+        return Err(Error::Value(format!(
+            "{arg}: {} tensors for {ranks} ranks (one per rank)",
+            tensors.len()
+        )));
+    }
+    Ok(tensors)
+}
 
 impl From<EpError> for Error {
     fn from(e: EpError) -> Self {

@@ -8,42 +8,11 @@ use megamoe_ep::RowDtype;
 
 use super::ipc::{IpcBuffer, IpcPeer};
 use super::reference::{reference, ReferenceInputs};
-use super::tensor::TensorArg;
 use super::{Dispatch, DispatchOut, World, WorldArgs};
 use crate::api::count;
 use crate::error::Error;
-
-/// The name of `obj`'s Python type, for messages.
-fn type_name(obj: &Bound<'_, PyAny>) -> String {
-    obj.get_type().name().map_or("?".into(), |n| n.to_string())
-}
-
-/// A torch tensor's metadata; anything else is a ValueError naming `arg`.
-fn tensor(arg: &str, obj: &Bound<'_, PyAny>) -> PyResult<TensorArg> {
-    let read = || -> PyResult<TensorArg> {
-        let device = obj.getattr("device")?;
-        let kind: String = device.getattr("type")?.extract()?;
-        let index: Option<usize> = device.getattr("index")?.extract()?;
-        Ok(TensorArg {
-            ptr: obj.call_method0("data_ptr")?.extract()?,
-            dtype: obj.getattr("dtype")?.str()?.to_string(),
-            shape: obj.getattr("shape")?.extract()?,
-            contiguous: obj.call_method0("is_contiguous")?.extract()?,
-            cuda_device: if kind == "cuda" {
-                Some(index.unwrap_or(0))
-            } else {
-                None
-            },
-        })
-    };
-    read().map_err(|_| {
-        Error::Value(format!(
-            "{arg}: expected a torch tensor, got {}",
-            type_name(obj)
-        ))
-        .into()
-    })
-}
+use crate::tensor::bindings::{tensor, type_name};
+use crate::tensor::TensorArg;
 
 fn tensors(arg: &str, list: &Bound<'_, PyAny>) -> PyResult<Vec<TensorArg>> {
     let list = list

@@ -7,9 +7,8 @@ use std::path::PathBuf;
 
 use megamoe_core::limits;
 use megamoe_ep::bench::{BenchSetup, DispatchBench};
-use megamoe_ep::layout::{BufferSpec, RowDtype};
 use megamoe_ep::selftest::Routing;
-use megamoe_ep::CombineOrder;
+use megamoe_ep::{BufferSpec, CombineOrder, RowDtype};
 use serde::Serialize;
 
 use crate::args::{self, usage, Usage};
@@ -98,6 +97,8 @@ fn check(args: &Args) -> Result<BenchSetup, Usage> {
 struct DispatchFields<'a> {
     dtype: &'a str,
     pad_multiple: usize,
+    /// GPUs the ranks ran on (ranks beyond it are virtual ranks sharing a GPU).
+    gpus: usize,
     sms: usize,
     iters: usize,
     /// The per-round medians, in round order.
@@ -110,11 +111,12 @@ struct DispatchFields<'a> {
     nvlink_gb_per_s_per_gpu: f64,
 }
 
-/// One arm's cell: `timing` is (median, floor) in µs, `bytes` (NVLink, HBM) per GPU.
+/// One arm's cell: `(gpus, sms)` where it ran, `timing` is (median, floor) in µs, `bytes`
+/// (NVLink, HBM) per GPU.
 fn arm_cell<'a>(
     setup: &'a Setup<'a>,
     args: &'a Args,
-    sms: usize,
+    (gpus, sms): (usize, usize),
     arm: &str,
     rounds_us: &'a [f64],
     (median_us, floor_us): (f64, f64),
@@ -123,6 +125,7 @@ fn arm_cell<'a>(
     let fields = DispatchFields {
         dtype: &args.dtype,
         pad_multiple: args.pad_multiple,
+        gpus,
         sms,
         iters: args.iters,
         rounds_us,
@@ -150,6 +153,7 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut table = output.table();
     let mut bench = DispatchBench::new(setup)?;
     let world = &bench.world;
+    let gpus = world.physical_gpus();
     writeln!(
         table,
         "bench dispatch: preset {} (H {} E {} K {}), {} ranks on {} GPU(s), {} tokens/rank, {:?}, {} routing, pad {}, symmetric buffer {:.0} MiB/rank",
@@ -186,7 +190,7 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             output.cell(&arm_cell(
                 &cells,
                 args,
-                sms,
+                (gpus, sms),
                 &arm.name,
                 &arm.rounds,
                 (med, floor),
@@ -224,7 +228,7 @@ mod tests {
         let v = serde_json::to_value(arm_cell(
             &cells,
             &args,
-            24,
+            (1, 24),
             "dispatch_with_permute",
             &rounds,
             (11.0, 5.5),
@@ -242,8 +246,8 @@ mod tests {
         assert_eq!(v["nvlink_gb_per_s_per_gpu"], 200.0);
         assert_eq!(v["tflops"], serde_json::Value::Null);
         assert_eq!(
-            (v["sms"].as_u64(), v["tokens"].as_u64()),
-            (Some(24), Some(64))
+            (v["gpus"].as_u64(), v["sms"].as_u64(), v["tokens"].as_u64()),
+            (Some(1), Some(24), Some(64))
         );
         assert_eq!(v["dtype"], "bf16");
     }

@@ -6,10 +6,9 @@ use std::path::PathBuf;
 
 use megamoe_core::limits;
 use megamoe_core::routing::{RoutingKind, RoutingSpec};
-use megamoe_core::{Preset, Shape};
+use megamoe_core::{Accumulation, Preset, Shape};
 use megamoe_layer::bench::{self, LayerBench, LayerRow};
-use megamoe_layer::split::Phase;
-use megamoe_layer::{Kind, LayerSpec};
+use megamoe_layer::{Kind, LayerSpec, Phase};
 use serde::Serialize;
 
 use crate::args::{self, usage, Usage};
@@ -67,6 +66,9 @@ pub struct Args {
     /// mainloop and epilogue.
     #[arg(long)]
     pub trace: bool,
+    #[arg(long, default_value = "per-block", value_parser = args::accumulation,
+          help = format!("{} (every arm)", args::ACCUMULATION_HELP))]
+    pub accumulation: Accumulation,
     /// Seed of the weights and the batch (any u64).
     #[arg(long, default_value_t = 0, value_parser = args::seed, allow_hyphen_values = true)]
     pub seed: u64,
@@ -136,6 +138,8 @@ fn check(args: &Args) -> Result<Checked, Usage> {
 /// The fields of a `bench layer` cell beside the shared ones.
 #[derive(Serialize)]
 struct LayerFields {
+    /// Every arm's accumulation ("per-block" or "rescaled").
+    accumulation: &'static str,
     masked: f64,
     valid_slots: usize,
     rounds: usize,
@@ -151,6 +155,7 @@ struct LayerFields {
 /// The JSON cells of one row: split, gemms, fused (when timed), then each split phase alone.
 fn cells<'a>(setup: &'a Setup<'a>, args: &Args, r: &LayerRow) -> Vec<Cell<'a, LayerFields>> {
     let fields = |ratio_of, band: Option<(f64, f64)>, lag_units| LayerFields {
+        accumulation: args.accumulation.name(),
         masked: args.masked,
         valid_slots: r.valid_slots,
         rounds: args.rounds,
@@ -233,10 +238,11 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         comm_sms: args.comm_sms,
         fused,
         trace: args.trace,
+        accumulation: args.accumulation,
     };
     writeln!(
         table,
-        "bench layer: {} (H {} I {} E {} top-{}), {} rank(s), {}, {} routing, masked {}, buffers for {} tokens/rank, {} rounds x median of {}",
+        "bench layer: {} (H {} I {} E {} top-{}), {} rank(s), {}, {} accumulation, {} routing, masked {}, buffers for {} tokens/rank, {} rounds x median of {}",
         args.preset,
         shape.hidden,
         shape.inter,
@@ -244,6 +250,7 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         shape.topk,
         args.ranks,
         if fused { "split and fused" } else { "split" },
+        args.accumulation.name(),
         args.routing,
         args.masked,
         args.tokens.iter().max().unwrap_or(&0),

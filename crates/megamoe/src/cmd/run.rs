@@ -9,7 +9,9 @@ use half::bf16;
 use megamoe_core::limits;
 use megamoe_core::reference::PerRank;
 use megamoe_core::routing::{generate_world, RoutingKind, RoutingSpec};
-use megamoe_core::{diff, fused_layer_and_f64, LayerOptions, Preset, WeightGen, WorldInputs};
+use megamoe_core::{
+    diff, fused_layer_and_f64, Accumulation, LayerOptions, Preset, WeightGen, WorldInputs,
+};
 use megamoe_layer::inputs::{bf16_inputs, spec_for};
 use megamoe_layer::{Kind, LayerSpec, MoeLayer};
 use serde::Serialize;
@@ -59,6 +61,11 @@ pub struct RunArgs {
     /// `--backend cpu`, noted and not used when `--backend auto` finds no GPU.
     #[arg(long, value_enum)]
     kernel: Option<KernelArg>,
+    #[arg(long, value_parser = args::accumulation,
+          help = format!("{}. GPU only: refused with `--backend cpu` (the reference is \
+                          per-block), noted when `--backend auto` finds no GPU",
+                         args::ACCUMULATION_HELP))]
+    accumulation: Option<Accumulation>,
     /// GPU backend: also compute the CPU reference and report `diff_vs_reference` and
     /// `diff_vs_f64` (done without asking where the reference is cheap, e.g. tiny). Refused
     /// with `--backend cpu` (the reference is all it runs), noted when `--backend auto` finds no
@@ -100,6 +107,8 @@ struct RunReport {
     backend: &'static str,
     /// The GPU layer's form; null on the CPU backend.
     kernel: Option<&'static str>,
+    /// The GPU layer's accumulation ("per-block" or "rescaled"); null on the CPU backend.
+    accumulation: Option<&'static str>,
     preset: &'static str,
     ranks: usize,
     tokens_per_rank: usize,
@@ -127,6 +136,12 @@ struct RunReport {
     /// null when not computed.
     #[serde(skip_serializing_if = "Option::is_none")]
     diff_vs_reference: Option<Option<f64>>,
+    /// GPU only, beside `diff_vs_reference`: the largest absolute error against the CPU
+    /// reference, and that error over the reference's largest magnitude.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_abs_vs_reference: Option<Option<f64>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_rel_vs_reference: Option<Option<f64>>,
     output_hash: String,
     /// Why `--backend auto` ran the CPU reference (absent otherwise).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -158,6 +173,13 @@ fn check(args: &RunArgs) -> Result<(Preset, LayerOptions), Usage> {
                  the reference"
                     .into(),
             ));
+        }
+        if let Some(a) = args.accumulation {
+            return Err(Usage(format!(
+                "--accumulation {}: --backend cpu runs the CPU reference, which accumulates \
+                 per block (SPEC §3)",
+                a.name()
+            )));
         }
     }
     Ok((preset, options))
@@ -194,6 +216,7 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn std::error::Error>> {
     let mut report = RunReport {
         backend: if gpu { "gpu" } else { "cpu" },
         kernel: None,
+        accumulation: None,
         preset: preset.name,
         ranks: args.ranks,
         tokens_per_rank: args.tokens,
@@ -212,6 +235,8 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn std::error::Error>> {
         tflops: 0.0,
         diff_vs_f64: None,
         diff_vs_reference: None,
+        max_abs_vs_reference: None,
+        max_rel_vs_reference: None,
         output_hash: String::new(),
         note,
     };
@@ -225,14 +250,21 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     let out = if gpu {
         let kind = args.kernel.unwrap_or(KernelArg::Fused).kind();
-        let (out, time_ms) = gpu_layer(kind, &world, &weights, &options)?;
+        let accumulation = args.accumulation.unwrap_or_default();
+        let (out, time_ms) = gpu_layer(kind, accumulation, &world, &weights, &options)?;
         report.kernel = Some(kind.name());
+        report.accumulation = Some(accumulation.name());
         report.time_ms = time_ms;
         let cheap = shape.experts * 3 * shape.hidden * shape.inter <= CHEAP_REFERENCE_WEIGHTS;
         report.diff_vs_reference = Some(None);
+        report.max_abs_vs_reference = Some(None);
+        report.max_rel_vs_reference = Some(None);
         if args.check || cheap {
             let (want, exact) = reference("CPU reference ")?;
+            let (max_abs, max_rel) = diff::max_error_bf16(&out, &want);
             report.diff_vs_reference = Some(Some(diff::diff_bf16(&out, &want)));
+            report.max_abs_vs_reference = Some(Some(max_abs));
+            report.max_rel_vs_reference = Some(Some(max_rel));
             report.diff_vs_f64 = Some(diff::diff_bf16_f64(&out, &exact));
         }
         out
@@ -260,6 +292,7 @@ pub fn run(args: &RunArgs) -> Result<(), Box<dyn std::error::Error>> {
 /// more timed; both runs must give the same bits.
 fn gpu_layer(
     kind: Kind,
+    accumulation: Accumulation,
     world: &WorldInputs,
     weights: &WeightGen,
     options: &LayerOptions,
@@ -268,6 +301,7 @@ fn gpu_layer(
     let bar = Progress::new("weights ");
     let spec = LayerSpec {
         kind,
+        accumulation,
         ..spec_for(world, options)
     };
     let mut layer = MoeLayer::new(spec, |r| {
@@ -303,6 +337,7 @@ fn choose_backend(args: &RunArgs) -> Result<(bool, Option<String>), Box<dyn std:
     }
     let unused: Vec<&str> = [
         args.kernel.map(|_| "--kernel"),
+        args.accumulation.map(|_| "--accumulation"),
         args.check.then_some("--check"),
     ]
     .into_iter()
@@ -336,7 +371,7 @@ fn plural(n: usize, noun: &str) -> String {
 
 fn print_table(r: &RunReport, shape: &megamoe_core::Shape) {
     println!(
-        "megamoe run: {} (H {}, I {}, E {}, top-{}), {} x {}, G {}, backend {}{}",
+        "megamoe run: {} (H {}, I {}, E {}, top-{}), {} x {}, G {}, backend {}{}{}",
         r.preset,
         shape.hidden,
         shape.inter,
@@ -346,7 +381,9 @@ fn print_table(r: &RunReport, shape: &megamoe_core::Shape) {
         plural(r.tokens_per_rank, "token"),
         r.group,
         r.backend,
-        r.kernel.map_or(String::new(), |k| format!(" ({k})"))
+        r.kernel.map_or(String::new(), |k| format!(" ({k})")),
+        r.accumulation
+            .map_or(String::new(), |a| format!(", {a} accumulation"))
     );
     let sci = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3e}"));
     println!(

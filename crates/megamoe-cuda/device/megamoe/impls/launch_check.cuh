@@ -2,19 +2,13 @@
 // dimensions, programmatic dependent launch, and a TMA tile load through a host-encoded
 // tensor map with a deadline on its mbarrier.
 #pragma once
+#include <megamoe/impls/params.cuh>
 #include <megamoe/comm/deadline.cuh>
 #include <megamoe/ptx/mbarrier.cuh>
 #include <megamoe/ptx/sync.cuh>
 #include <megamoe/ptx/tma.cuh>
 
 namespace megamoe::impls {
-
-struct LaunchCheckParams {
-  u64 out;         // u32 [gridDim.x, 3]: last shared word, cluster rank, cluster size
-  u32 smem_words;  // dynamic shared memory in u32 words
-  u32 pad;
-};
-MEGAMOE_PARAMS_LAYOUT(LaunchCheckParams, 16, 8);
 
 __device__ __forceinline__ void launch_check(const LaunchCheckParams& p) {
   extern __shared__ u32 words[];
@@ -29,20 +23,8 @@ __device__ __forceinline__ void launch_check(const LaunchCheckParams& p) {
   }
 }
 
-// One block loads a kTileRows x kTileCols u32 tile at (x, y) with TMA and writes it out.
-constexpr u32 kTileRows = 16;
-constexpr u32 kTileCols = 32;
-
-struct TmaCheckParams {
-  ptx::TensorMap map;
-  u64 out;  // u32 [kTileRows, kTileCols]
-  u64 record;
-  u64 timeout_ns;
-  i32 x;
-  i32 y;
-};
-MEGAMOE_PARAMS_LAYOUT(TmaCheckParams, 192, 64);
-
+// One block loads a kTileRows x kTileCols u32 tile at (x, y) with TMA and writes it out
+// (the tile: impls/params.cuh).
 __device__ __forceinline__ void tma_check(const TmaCheckParams& p) {
   __shared__ alignas(128) u32 tile[kTileRows * kTileCols];
   __shared__ alignas(8) u64 bar;

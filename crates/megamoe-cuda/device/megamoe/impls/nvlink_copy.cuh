@@ -2,17 +2,11 @@
 // cross the link), with `dst` on a peer it pushes (stores cross the link). kUnroll loads are in
 // flight per thread before the first store.
 #pragma once
+#include <megamoe/impls/params.cuh>
 #include <megamoe/common.cuh>
 #include <megamoe/ptx/memory.cuh>
 
 namespace megamoe::impls {
-
-struct CopyParams {
-  u64 dst;
-  u64 src;
-  u64 bytes;  // a multiple of 16
-};
-MEGAMOE_PARAMS_LAYOUT(CopyParams, 24, 8);
 
 template <u32 kUnroll>
 __device__ __forceinline__ void copy_v4(const CopyParams& p) {

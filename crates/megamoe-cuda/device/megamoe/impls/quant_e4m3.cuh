@@ -7,20 +7,12 @@
 // fewer blocks than the work (a persistent grid); its bounds are uniform per warp so that the
 // shuffles always see all 32 lanes.
 #pragma once
+#include <megamoe/impls/params.cuh>
 #include <megamoe/common.cuh>
 #include <megamoe/ptx/convert.cuh>
 #include <megamoe/ptx/memory.cuh>
 
 namespace megamoe::impls {
-
-struct QuantParams {
-  u64 x;   // bf16 [rows, cols]
-  u64 q;   // e4m3 [rows, cols]
-  u64 sf;  // f32 [rows, cols / 128]
-  u32 rows;
-  u32 cols;  // a multiple of 128
-};
-MEGAMOE_PARAMS_LAYOUT(QuantParams, 32, 8);
 
 template <u32 kBlocks>
 __device__ __forceinline__ void quant_e4m3(const QuantParams& p) {

@@ -11,6 +11,11 @@
 #include <megamoe/ptx/memory.cuh>
 #include <megamoe_ep/params.cuh>
 
+namespace ep {
+// Kernel families: each keeps its own call counter (epoch) in the local buffer.
+enum Family : int { kDispatchFamily = 0, kCombineFamily = 1 };
+}  // namespace ep
+
 namespace ep::comm {
 
 constexpr u64 kUnit = 1ull << 20;
@@ -70,7 +75,6 @@ __device__ __forceinline__ void raise_on_all(const Signals& s, int kind) {
 }
 
 // The wait on each signal kind, in this crate's range of wait ids (named by `megamoe_ep::error::WAITS`).
-constexpr u32 kFirstWait = 0x200;
 __device__ __forceinline__ u32 wait_of(int kind) { return kFirstWait + kind; }
 
 // Every block waits until `kind` from every source reached epoch * kUnit. Returns false (after

@@ -22,13 +22,6 @@
 
 namespace ep {
 
-// DispatchParams::mode
-enum DispatchMode : int {
-    kFull = 0,        // dispatch_with_permute
-    kCached = 1,      // combine's backward: rows along a previous dispatch's handle
-    kUnpermuted = 2,  // the benchmark's "dispatch alone": one row per (source, token), no permute
-};
-
 constexpr int kRowUnroll = kChunkBytes / (32 * 16);  // 16-byte vectors per lane per row chunk
 
 constexpr int kNoBadCount = 0x7fffffff;

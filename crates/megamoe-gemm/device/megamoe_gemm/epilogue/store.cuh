@@ -11,18 +11,10 @@
 #include <megamoe/ptx/convert.cuh>
 #include <megamoe/ptx/memory.cuh>
 #include <megamoe/ptx/tma.cuh>
+#include <megamoe_gemm/impls/grouped_gemm_params.cuh>
 #include <megamoe_gemm/pipeline/barriers.cuh>
 
 namespace megamoe::gemm {
-
-// The params of the two epilogues below. Mirrored by `EpilogueParams` in src/params.rs.
-struct EpilogueParams {
-    ptx::TensorMap tma_d;  // bf16 output 2-D {N, rows}; box {64, 64}, 128-byte swizzle (TmaStoreBf16)
-    u64 out;               // bf16 or f32 output, rows like the activations, N columns (StoreRows)
-    u32 n;
-};
-
-MEGAMOE_PARAMS_LAYOUT(EpilogueParams, 192, 64);
 
 // Row-major output of `Out` (u16 holds bf16 bits, or float) written straight from registers;
 // rows >= rows_valid are left alone (the masked layout's rows past an expert's count).

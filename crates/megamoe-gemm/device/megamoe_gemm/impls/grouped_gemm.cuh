@@ -1,6 +1,8 @@
 // FP8 block-scaled grouped GEMM y = x * W^T over experts (SPEC §3 steps 1 and 4), persistent and
 // warp-specialised: warpgroups 0 and 1 run the wgmma consumer, warpgroup 2 the TMA producer.
 // kClusterM = 2: clusters of two CTAs that share (multicast) the weight tile of a tile pair.
+// kRescaled: the opt-in accumulation, the running sum kept in the wgmma accumulators
+// (tile_k_loop_rescaled).
 // Scheduler: the tile sequence (TileScheduler, or any of the shape in scheduler/tile.cuh whose
 // params are SchedulerParams). Epilogue: what happens to each finished slice (epilogue/store.cuh).
 // Instantiated per configuration by a generated translation unit (src/kernel.rs).
@@ -8,19 +10,18 @@
 #include <megamoe/ptx/mbarrier.cuh>
 #include <megamoe/ptx/sync.cuh>
 #include <megamoe/ptx/tma.cuh>
+#include <megamoe_gemm/epilogue/store.cuh>
 #include <megamoe_gemm/impls/grouped_gemm_params.cuh>
 #include <megamoe_gemm/layout/smem_layout.cuh>
+#include <megamoe_gemm/pipeline/roles.cuh>
 #include <megamoe_gemm/pipeline/tma_producer.cuh>
 #include <megamoe_gemm/mma/fp8_mainloop.cuh>
+#include <megamoe_gemm/scheduler/tile_scheduler.cuh>
 
 namespace megamoe::gemm {
 
-constexpr int kMathWarps = 8;
-constexpr u32 kProducerRegs = 40;
-constexpr u32 kConsumerRegs = 232;
-
 template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, bool kMasked, int kClusterM,
-          typename Scheduler, typename Epilogue>
+          bool kRescaled, typename Scheduler, typename Epilogue>
 __device__ __forceinline__ void grouped_gemm_fp8(const GroupedGemmParams& p, const Epilogue& epi) {
     using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>;
     extern __shared__ u8 smem_raw[];
@@ -28,7 +29,7 @@ __device__ __forceinline__ void grouped_gemm_fp8(const GroupedGemmParams& p, con
     const Layout smem{smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023)};
     const u32 warp = ptx::warp_index_uniform();
 
-    if (threadIdx.x == kMathWarps * 32) {
+    if (threadIdx.x == kProducerWarp * 32) {
         ptx::tma_prefetch_desc(&p.mainloop.tma_a);
         ptx::tma_prefetch_desc(&p.mainloop.tma_b);
         ptx::tma_prefetch_desc(&p.mainloop.tma_sa);
@@ -52,13 +53,13 @@ __device__ __forceinline__ void grouped_gemm_fp8(const GroupedGemmParams& p, con
 
     if (warp >= kMathWarps) {
         ptx::setmaxnreg_dec<kProducerRegs>();
-        if (threadIdx.x == kMathWarps * 32) {
+        if (threadIdx.x == kProducerWarp * 32) {
             tma_producer<BLOCK_M, BLOCK_N, kStages, kGroupSize, kMasked, kClusterM, Scheduler>(
                 p.mainloop, p.scheduler, smem);
         }
     } else {
         ptx::setmaxnreg_inc<kConsumerRegs>();
-        wgmma_consumer<BLOCK_M, BLOCK_N, kStages, kGroupSize, kClusterM, Scheduler, Epilogue>(
+        wgmma_consumer<BLOCK_M, BLOCK_N, kStages, kGroupSize, kClusterM, kRescaled, Scheduler, Epilogue>(
             p.mainloop, p.scheduler, epi, smem, warp / 4);
     }
     if constexpr (kClusterM > 1) ptx::cluster_sync();

@@ -1,14 +1,15 @@
 // Shared-memory plan of the grouped GEMM: kStages ring slots of {A tile, B tile}, the epilogue's
 // staging tile per consumer warpgroup, the ring's activation scales, the full/empty barriers,
 // the per-expert row counts, then each consumer warpgroup's weight scales of its current tile
-// (two 128-column blocks by up to kMaxKBlocks K blocks). Mirrored by
-// `smem_bytes` in src/heuristics.rs.
+// (two 128-column blocks by up to kMaxKBlocks K blocks). The host's plan is megamoe-core's
+// `smem_bytes`; every kernel's translation unit asserts that the two agree (src/kernel.rs).
 //
 // kSaCols: scale columns a stage has room for, at least the kScaleCols one K block needs. A
 // kernel that runs K groups of 128 and of 64 over one ring (the MoE layer's fused kernel) gives
 // both views 2, so the two place every region at the same address.
 #pragma once
 #include <megamoe/common.cuh>
+#include <megamoe_gemm/mma/mainloop_params.cuh>
 
 namespace megamoe::gemm {
 
@@ -21,7 +22,6 @@ struct SmemLayout {
     static_assert(kSaCols >= kScaleCols, "a stage holds one K block's scale columns");
     static constexpr u32 kSaBytes = kSaCols * BLOCK_M * 4;
     static constexpr u32 kStageTxBytes = kABytes + kBBytes + kScaleCols * BLOCK_M * 4;
-    static constexpr int kMaxExperts = 1024;
     // 64 rows x 64 bf16 columns per consumer warpgroup, 128-byte swizzled like the TMA box.
     static constexpr u32 kStagingBytes = 64 * 64 * 2;
 
@@ -31,7 +31,6 @@ struct SmemLayout {
     static constexpr u32 kSaOffset = kStagingOffset + 2 * kStagingBytes;
     static constexpr u32 kBarOffset = kSaOffset + kStages * kSaBytes;
     static constexpr u32 kRowsOffset = kBarOffset + 2 * kStages * 8;
-    static constexpr int kMaxKBlocks = 128;
     static constexpr u32 kScaleBRowFloats = kMaxKBlocks;
     static constexpr u32 kScaleBOffset = kRowsOffset + kMaxExperts * 4;
     static constexpr u32 kBytes = kScaleBOffset + 2 * 2 * kScaleBRowFloats * 4;

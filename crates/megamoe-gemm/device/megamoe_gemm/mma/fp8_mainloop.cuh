@@ -166,8 +166,207 @@ __device__ __forceinline__ void tile_k_loop(const MainloopParams& p,
     }
 }
 
-template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, int kClusterM, typename Scheduler,
-          typename Epilogue>
+// The rescaled K loop (the opt-in accumulation, megamoe_core::Accumulation::Rescaled): the
+// slice of tile_k_loop with the running sum kept in the wgmma accumulators, `sum` itself, and no
+// second register set. A wave's accumulators hold the sum in units of the current scale group's
+// scale, s = sa[row] * sb[column block] (picked per register as tile_k_loop's promotion picks
+// them): before a group's wgmmas the set is multiplied by s_held / s, after the last group by the
+// last s. The tensor cores' limited-precision accumulation then spans all of K instead of one
+// group, so the error grows with K. The waves are pipelined: each wave's set is rescaled while
+// the other's wgmmas run (wait_group kWaves - 1: its previous group is the oldest in flight), and
+// a stage is released once the last wave that read it completes, one wave into the next K block.
+// A scale that is zero or not finite, or whose ratio to the held one is not a finite non-zero
+// f32, keeps the held one: that group is summed at the held scale (exact where its operands are
+// zero, as the quantizers leave them under a zero scale), and no ratio makes the sum a NaN.
+template <int kWaveN, int kWaves, int kClusterM, int kScaleShift, int BLOCK_M, int BLOCK_N, int kStages,
+          int kGroupSize, int kSaCols>
+struct RescaledKLoop {
+    using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize, kSaCols>;
+    using Mma = typename WgmmaE4M3<kWaveN>::type;
+    static constexpr int kScaleCols = Layout::kScaleCols;
+    static constexpr int kMmaPerGroup = kGroupSize / Mma::kK;
+    static constexpr int kScaleBlocks = TileWeightScales<kWaveN, kWaves, 0>::kScaleBlocks;
+    static constexpr int kFirstScaleGroups = kWaveN == 128 ? Mma::kAccum / 4 : (128 - kScaleShift) / 8;
+    static constexpr u32 kRowFloats = Layout::kScaleBRowFloats;
+    static_assert(kWaveN == 128 || kWaves == 1, "a 192-column slice is one wave");
+    // K blocks per chunk (see chunk()): eight jobs (a wave's wgmmas of one scale group) of
+    // two-wave slices; a one-wave slice waits for its previous group at every rescale anyway.
+    static constexpr int kChunkBlocks = kWaves == 1 ? 1 : 4 / kScaleCols;
+
+    const MainloopParams& p;
+    const Layout& smem;
+    RingCursor<kStages>& ring;
+    float (&sum)[kWaves][kWaveN / 2];
+    const float* sb_tile;  // the tile's weight scales, staged in shared memory (TileWeightScales)
+    // Stage 0's addresses, as in tile_k_loop; the current block's come from them.
+    u32 sa_rows0, a_desc_lo0, b_desc_lo0;
+    u32 a_desc_lo = 0, b_desc_lo = 0;
+    float sb[kWaves][kScaleBlocks];
+    float sa_row[kScaleCols][2];  // this thread's rows r_lo and r_lo + 8
+    // The scale each wave's accumulators are held in, per weight scale block and row.
+    float held[kWaves][kScaleBlocks][2];
+    int prev_stage = 0;  // the stage of the last block begun
+
+    // Block kb's scales and descriptors, once its stage is full. The previous block's wgmmas
+    // are in flight: the wait's expiry path waits for them before it exits, or ptxas would
+    // insert that wait on its own and serialize every wgmma of the kernel (C7518); the aligned
+    // wait_group needs the whole warp, hence the per-warp wait.
+    __device__ __forceinline__ void begin_block(u32 kb) {
+#pragma unroll
+        for (int w = 0; w < kWaves; ++w) {
+#pragma unroll
+            for (int s = 0; s < kScaleBlocks; ++s) sb[w][s] = sb_tile[(w * kScaleBlocks + s) * kRowFloats + kb];
+        }
+        mbarrier_wait_warp(smem.full(ring.stage), ring.phase, reinterpret_cast<comm::WaitRecord*>(p.error),
+                           p.timeout_ns, kWaitFull, [] { wgmma_wait<0>(); });
+        const u32 sa = sa_rows0 + ring.stage * Layout::kSaBytes;
+#pragma unroll
+        for (int g = 0; g < kScaleCols; ++g) {
+            sa_row[g][0] = ptx::ld_shared_f32(sa + g * BLOCK_M * 4);
+            sa_row[g][1] = ptx::ld_shared_f32(sa + (g * BLOCK_M + 8) * 4);
+        }
+        a_desc_lo = a_desc_lo0 + ring.stage * (Layout::kABytes / 16);
+        b_desc_lo = b_desc_lo0 + ring.stage * (Layout::kBBytes / 16);
+    }
+
+    // Waits for wave kW's previous group (releasing the previous block's stage when that was
+    // its last reader) and rescales the wave's accumulators to scale group kG of this block.
+    template <int kG, int kW>
+    __device__ __forceinline__ void rescale(bool release) {
+        wgmma_wait<kWaves - 1>();
+#pragma unroll
+        for (int i = 0; i < Mma::kAccum; ++i) wgmma_fence_operand(sum[kW][i]);
+        if (release && threadIdx.x % 32 == 0) release_stage<kClusterM>(smem.empty(prev_stage));
+        float ratio[kScaleBlocks][2];
+#pragma unroll
+        for (int s = 0; s < kScaleBlocks; ++s) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float scale = sa_row[kG][h] * sb[kW][s];
+                // div.full (2 ulp): an IEEE division's slow path is a call, across which ptxas
+                // would serialize every wgmma of the kernel.
+                const float r = __fdividef(held[kW][s][h], scale);
+                const bool take = r != 0.0f && isfinite(r);
+                ratio[s][h] = take ? r : 1.0f;
+                held[kW][s][h] = take ? scale : held[kW][s][h];
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < Mma::kAccum; ++i) {
+            sum[kW][i] *= ratio[i / 4 < kFirstScaleGroups ? 0 : 1][(i & 2) ? 1 : 0];
+            wgmma_fence_operand(sum[kW][i]);
+        }
+    }
+
+    template <int kG, int kW>
+    __device__ __forceinline__ void issue() {
+        wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < kMmaPerGroup; ++j) {
+            const u32 k_bytes = (kG * kMmaPerGroup + j) * Mma::kK;
+            const u64 b_desc = smem_desc_from_lo(b_desc_lo + (kW * Mma::kN * Layout::kBlockK + k_bytes) / 16);
+            Mma::mma(smem_desc_from_lo(a_desc_lo + k_bytes / 16), b_desc, sum[kW], true);
+        }
+        wgmma_commit();
+#pragma unroll
+        for (int i = 0; i < Mma::kAccum; ++i) wgmma_fence_operand(sum[kW][i]);
+    }
+
+    // The jobs of block b of a chunk from group kG, wave kW on, in order. The previous block's
+    // stage is released at its last reader's completion: the wait before rescaling the last
+    // wave of this block's first group.
+    template <int kB, int kG, int kW>
+    __device__ __forceinline__ void block_jobs() {
+        if constexpr (kG < kScaleCols) {
+            rescale<kG, kW>(kB > 0 && kG == 0 && kW == kWaves - 1);
+            issue<kG, kW>();
+            if constexpr (kW + 1 < kWaves) {
+                block_jobs<kB, kG, kW + 1>();
+            } else {
+                block_jobs<kB, kG + 1, 0>();
+            }
+        }
+    }
+
+    // kBlocks blocks from kb, their wgmmas pipelined, and all of them complete at the end: a
+    // wait_group 1 retiring a wave committed in an earlier iteration of a loop makes ptxas
+    // serialize every wgmma of the kernel (it tracks the groups in flight within an iteration
+    // only), so each chunk starts with none in flight and its first rescale waits.
+    template <int kBlocks, int kB = 0>
+    __device__ __forceinline__ void chunk(u32 kb) {
+        if constexpr (kB < kBlocks) {
+            begin_block(kb + kB);
+            block_jobs<kB, 0, 0>();
+            prev_stage = ring.stage;
+            ring.advance();
+            chunk<kBlocks, kB + 1>(kb);
+        } else {
+            wgmma_wait<0>();
+#pragma unroll
+            for (int w = 0; w < kWaves; ++w) {
+#pragma unroll
+                for (int i = 0; i < Mma::kAccum; ++i) wgmma_fence_operand(sum[w][i]);
+            }
+            if (threadIdx.x % 32 == 0) release_stage<kClusterM>(smem.empty(prev_stage));
+        }
+    }
+
+    __device__ __forceinline__ void run(u32 k_blocks) {
+#pragma unroll
+        for (int w = 0; w < kWaves; ++w) {
+#pragma unroll
+            for (int i = 0; i < Mma::kAccum; ++i) sum[w][i] = 0.0f;
+#pragma unroll
+            for (int s = 0; s < kScaleBlocks; ++s) held[w][s][0] = held[w][s][1] = 1.0f;
+        }
+        u32 kb = 0;
+        for (; kb + kChunkBlocks <= k_blocks; kb += kChunkBlocks) chunk<kChunkBlocks>(kb);
+        for (; kb < k_blocks; ++kb) chunk<1>(kb);
+#pragma unroll
+        for (int w = 0; w < kWaves; ++w) {
+#pragma unroll
+            for (int i = 0; i < Mma::kAccum; ++i) sum[w][i] *= held[w][i / 4 < kFirstScaleGroups ? 0 : 1][(i & 2) ? 1 : 0];
+        }
+    }
+};
+
+template <int kWaveN, int kWaves, int kClusterM, int kScaleShift, int BLOCK_M, int BLOCK_N, int kStages,
+          int kGroupSize, int kSaCols>
+__device__ __forceinline__ void tile_k_loop_rescaled(const MainloopParams& p,
+                                                     const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize, kSaCols>& smem,
+                                                     RingCursor<kStages>& ring, u32 wg, u32 a_off, u32 b_off,
+                                                     float (&sum)[kWaves][kWaveN / 2]) {
+    using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize, kSaCols>;
+    const u32 r_lo = a_off + (threadIdx.x / 32) % 4 * 16 + threadIdx.x % 32 / 4;
+    RescaledKLoop<kWaveN, kWaves, kClusterM, kScaleShift, BLOCK_M, BLOCK_N, kStages, kGroupSize, kSaCols> loop{
+        p,
+        smem,
+        ring,
+        sum,
+        smem.scale_b(wg),
+        ptx::opaque(ptx::smem_addr(smem.sa(0) + r_lo)),
+        smem_desc_lo_k_major_sw128(smem.a(0) + a_off * Layout::kBlockK),
+        smem_desc_lo_k_major_sw128(smem.b(0) + b_off * Layout::kBlockK)};
+    loop.run(p.k / Layout::kBlockK);
+}
+
+// The K loop of a slice under the kernel's accumulation: promoted per scale group
+// (tile_k_loop, the default) or rescaled (tile_k_loop_rescaled, opt-in).
+template <bool kRescaled, int kWaveN, int kWaves, int kClusterM, int kScaleShift, int BLOCK_M, int BLOCK_N,
+          int kStages, int kGroupSize, int kSaCols>
+__device__ __forceinline__ void slice_k_loop(const MainloopParams& p,
+                                             const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize, kSaCols>& smem,
+                                             RingCursor<kStages>& ring, const Tile& t, u32 wg, u32 a_off, u32 b_off,
+                                             float (&sum)[kWaves][kWaveN / 2]) {
+    if constexpr (kRescaled) {
+        tile_k_loop_rescaled<kWaveN, kWaves, kClusterM, kScaleShift>(p, smem, ring, wg, a_off, b_off, sum);
+    } else {
+        tile_k_loop<kWaveN, kWaves, kClusterM, kScaleShift>(p, smem, ring, t, wg, a_off, b_off, sum);
+    }
+}
+
+template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, int kClusterM, bool kRescaled,
+          typename Scheduler, typename Epilogue>
 __device__ void wgmma_consumer(const MainloopParams& p, const typename Scheduler::Params& sched_params,
                                const Epilogue& epi,
                                const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>& smem,
@@ -196,12 +395,12 @@ __device__ void wgmma_consumer(const MainloopParams& p, const typename Scheduler
         if constexpr (kWaveN == 192) {
             // 192-column tiles start 0 or 64 columns into a weight scale block, alternately.
             if (t.n0 % 128 != 0) {
-                tile_k_loop<kWaveN, kWaves, kClusterM, 64>(p, smem, ring, t, wg, a_off, b_off, sum);
+                slice_k_loop<kRescaled, kWaveN, kWaves, kClusterM, 64>(p, smem, ring, t, wg, a_off, b_off, sum);
             } else {
-                tile_k_loop<kWaveN, kWaves, kClusterM, 0>(p, smem, ring, t, wg, a_off, b_off, sum);
+                slice_k_loop<kRescaled, kWaveN, kWaves, kClusterM, 0>(p, smem, ring, t, wg, a_off, b_off, sum);
             }
         } else {
-            tile_k_loop<kWaveN, kWaves, kClusterM, 0>(p, smem, ring, t, wg, a_off, b_off, sum);
+            slice_k_loop<kRescaled, kWaveN, kWaves, kClusterM, 0>(p, smem, ring, t, wg, a_off, b_off, sum);
         }
         // The next tile's scales load while this one's epilogue runs.
         Tile next;

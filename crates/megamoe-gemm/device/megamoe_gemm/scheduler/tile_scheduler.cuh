@@ -16,20 +16,10 @@
 #pragma once
 #include <megamoe/common.cuh>
 #include <megamoe/ptx/sync.cuh>
+#include <megamoe_gemm/impls/grouped_gemm_params.cuh>
 #include <megamoe_gemm/scheduler/tile.cuh>
 
 namespace megamoe::gemm {
-
-// Mirrored by `SchedulerParams` in src/params.rs.
-struct SchedulerParams {
-    u64 expert_rows;  // i32 [E]: padded segment sizes (contiguous) or valid rows (masked)
-    u32 num_experts;
-    u32 n;
-    u32 max_m;        // masked: row capacity of each expert; contiguous: unused (0)
-    u32 group_m;      // m-blocks walked together per n-block (L2 reuse of the weight tile)
-};
-
-MEGAMOE_PARAMS_LAYOUT(SchedulerParams, 24, 8);
 
 template <int BLOCK_M, int BLOCK_N, bool kMasked, int kClusterM>
 struct TileScheduler {

@@ -15,7 +15,6 @@
 
 namespace megamoe::layer {
 
-constexpr int kMaxTopk = 8;
 constexpr int kCombineUnroll = 2;  // 16-byte column vectors per lane per step, per copy
 
 __device__ __forceinline__ const i32* combine_topk_idx(const FusedRegions& r) {

@@ -1,44 +1,26 @@
 // The fused kernel's waits between CTAs of one rank: per-m-block counters (rows pulled, L1 and
 // L2 warpgroup-tasks done) and the grid barrier after the call's plan is built. Every wait has
 // the call's deadline; one that expires is recorded in the rank's WaitRecord (wait id, rank,
-// the block or barrier, the value seen and expected) and returns false.
+// the block or barrier, the value seen and expected) and returns false. The wait ids: FusedWait
+// (impls/fused_params.cuh).
 #pragma once
 #include <megamoe/comm/deadline.cuh>
 #include <megamoe/ptx/memory.cuh>
+#include <megamoe_ep/params.cuh>
 #include <megamoe_layer/impls/fused_params.cuh>
 
 namespace megamoe::layer {
 
-// This crate's wait ids (named by `megamoe_layer::fused::WAITS`).
-enum FusedWait : u32 {
-    kWaitRowsPulled = 0x300,  // an L1 task waits for its m-block's rows
-    kWaitL1Done = 0x301,      // an L2 task waits for every L1 task of its m-block
-    kWaitSlotFree = 0x302,    // a pull waits for the L2 tasks of the slot's previous m-block
-    kWaitGrid = 0x303,        // the grid barrier after the plan
-    kWaitPullTurn = 0x304,    // a pull waits for the L1 frontier to come within pull_ahead blocks
-    kWaitSlicesDone = 0x305,  // the releaser waits for a consumer warpgroup's slice of a task
-    kWaitTaskSlot = 0x306,    // the producer waits for the consumers to read a task slot's last task
-    kWaitTaskReady = 0x307,   // a consumer warp waits for the producer to hand over its next task
-};
-
-// Counters of one m-block, zeroed by every call before its grid barrier.
-struct BlockFlags {
-    u32 rows_pulled;  // rows of the block in its ring slot
-    u32 l1_done;      // L1 warpgroup-tasks done (2 per task)
-    u32 l2_done;      // L2 warpgroup-tasks done (2 per task)
-    u32 l1_started;   // 1 once the block's first L1 task is handed out (its producer reached it)
-};
+// Signal kinds of the fused kernel (ep::comm::Signals counters): a rank's routing is published;
+// a rank has written every L2 row it owes the others.
+enum FusedSignal : int { kRoutingReady = 0, kRowsWritten = 1 };
+static_assert(kRowsWritten < ep::kNumSignals, "a counter of the buffer's signal region");
+// Its call counter (the epochs region's first word).
+constexpr int kFusedFamily = 0;
 
 __device__ __forceinline__ BlockFlags* block_flags(const FusedRegions& r) {
     return reinterpret_cast<BlockFlags*>(reinterpret_cast<char*>(r.peer_base[r.rank]) + r.off_block_flags);
 }
-
-// A local expert's L2 warpgroup-tasks: done (zeroed by every call before its grid barrier, like
-// the block counters) and owed (its m-blocks · n2 · 2, written by the plan).
-struct ExpertL2 {
-    u32 done;
-    u32 owed;
-};
 
 __device__ __forceinline__ ExpertL2* expert_l2(const FusedRegions& r) {
     return reinterpret_cast<ExpertL2*>(reinterpret_cast<char*>(r.peer_base[r.rank]) + r.off_expert_l2);

@@ -19,6 +19,7 @@
 #include <megamoe/common.cuh>
 #include <megamoe/ptx/convert.cuh>
 #include <megamoe/ptx/memory.cuh>
+#include <megamoe_layer/epilogue/swiglu_quant_params.cuh>
 
 namespace megamoe::layer {
 
@@ -35,16 +36,8 @@ __device__ __forceinline__ float silu(float g) {
     return g * r;
 }
 
-struct SwigluQuant {
-    u64 out;         // e4m3 [rows, inter]
-    u64 out_scales;  // f32 [inter / group, rows_ld]
-    u64 weights;     // f32 [rows]: the routing weight of each row (0 on padding rows)
-    u32 rows_ld;     // rows of the pool: the stride of out_scales
-    u32 inter;       // I
-    u32 group;       // G, 64 or 128
-    u32 has_clamp;
-    float clamp;
-    u32 reserved[5];
+// The epilogue: its parameters (epilogue/swiglu_quant_params.cuh) and what it does with them.
+struct SwigluQuant : SwigluQuantParams {
 
     // Before the slice's K loop (the fused kernel): brings its rows' routing weights into L1,
     // so that the epilogue's loads of them do not wait on L2 (each warp its 16 rows).

@@ -1,7 +1,7 @@
-// The fused MoE layer (SPEC §4 fused): one persistent launch per rank. 384 threads per CTA, one
-// CTA per SM: warpgroups 0 and 1 run the wgmma consumers of both GEMMs, warp 8 the TMA
-// producer, warps 9-10 the token pull (comm/pull.cuh), warp 11 the releaser, which raises the
-// block counters for the consumers (release_slices).
+// The fused MoE layer (SPEC §4 fused): one persistent launch per rank. One CTA per SM, in the
+// GEMM's warp roles (megamoe_gemm/pipeline/roles.cuh): warpgroups 0 and 1 run the wgmma
+// consumers of both GEMMs, warp 8 the TMA producer, warps 9-10 the token pull (comm/pull.cuh),
+// warp 11 the releaser, which raises the block counters for the consumers (release_slices).
 //
 //   1. routing: count this rank's slots per expert and list them (send lists); publish T and
 //      the bound; raise kRoutingReady everywhere and wait for every rank's.
@@ -33,6 +33,7 @@
 #include <megamoe_ep/comm/sync.cuh>
 #include <megamoe_gemm/layout/smem_layout.cuh>
 #include <megamoe_gemm/mma/fp8_mainloop.cuh>
+#include <megamoe_gemm/pipeline/roles.cuh>
 #include <megamoe_gemm/pipeline/tma_producer.cuh>
 #include <megamoe_layer/comm/combine.cuh>
 #include <megamoe_layer/comm/flags.cuh>
@@ -46,15 +47,14 @@
 
 namespace megamoe::layer {
 
-constexpr u32 kMathWarps = 8;
+// The GEMM's warp roles and register budgets (megamoe_gemm/pipeline/roles.cuh); the producer
+// warpgroup's other warps pull and release.
+using gemm::kConsumerRegs;
+using gemm::kMathWarps;
+using gemm::kProducerRegs;
+using gemm::kProducerWarp;
 constexpr u32 kPullWarps = 2;
-constexpr u32 kReleaserWarp = kMathWarps + 1 + kPullWarps;
-// Registers per thread by warpgroup (setmaxnreg is warpgroup-wide). The CTA's pool is what the
-// launch gave it, 384 x 168: the consumers may only take what the producer warpgroup gives back.
-constexpr u32 kLaunchRegs = 168;
-constexpr u32 kProducerRegs = 40;
-constexpr u32 kConsumerRegs = 232;
-static_assert(256 * (kConsumerRegs - kLaunchRegs) <= 128 * (kLaunchRegs - kProducerRegs), "the CTA's pool");
+constexpr u32 kReleaserWarp = kProducerWarp + 1 + kPullWarps;
 // Tasks the producer may hand over ahead of the consumers (scheduler/task_queue.cuh): it runs
 // ahead by the ring of stages, which is more than one task only where K is a few blocks.
 constexpr u32 kTaskSlots = 4;
@@ -218,7 +218,7 @@ __device__ void release_slices(const FusedRegions& r, const u32* slices_done, u3
     }
 }
 
-template <int kStages, bool kProbe, typename L1Smem, typename L2Smem>
+template <int kStages, bool kRescaled, bool kProbe, typename L1Smem, typename L2Smem>
 __device__ void consume(const FusedParams& p, const FusedProbe& probe, const L1Smem& s1, const L2Smem& s2,
                         u32 wg, u32 n_tasks, u32* slices_done, FusedTaskQueue& queue) {
     const FusedRegions& r = p.r;
@@ -252,9 +252,9 @@ __device__ void consume(const FusedParams& p, const FusedProbe& probe, const L1S
         scatter.prefetch(t.a_row + a_off);
         float sum[2][64];
         if (kind == kL1) {
-            gemm::tile_k_loop<128, 2, 1, 0>(p.l1, s1, ring, t, wg, a_off, 0, sum);
+            gemm::slice_k_loop<kRescaled, 128, 2, 1, 0>(p.l1, s1, ring, t, wg, a_off, 0, sum);
         } else {
-            gemm::tile_k_loop<128, 2, 1, 0>(p.l2, s2, ring, t, wg, a_off, 0, sum);
+            gemm::slice_k_loop<kRescaled, 128, 2, 1, 0>(p.l2, s2, ring, t, wg, a_off, 0, sum);
         }
         if (tracer()) task_trace(r, probe.trace, i)->wg[wg][1] = ptx::globaltimer_ns();
         // The next task's weight scales load while this one's epilogue runs.
@@ -287,10 +287,10 @@ __device__ void consume(const FusedParams& p, const FusedProbe& probe, const L1S
     }
 }
 
-// The consumer warpgroups' own barrier for the combine step (ids 1 and 2 are the GEMM's
-// warpgroup barriers, megamoe_gemm/pipeline/barriers.cuh).
-constexpr u32 kConsumersBarrier = 3;
-__device__ __forceinline__ void consumers_sync() { ptx::named_barrier_sync(kConsumersBarrier, kMathWarps * 32); }
+// The consumer warpgroups' own barrier for the combine step.
+__device__ __forceinline__ void consumers_sync() {
+    gemm::named_barrier_sync(gemm::NamedBarrier::kConsumers, kMathWarps * 32);
+}
 
 // ep::comm::raise_on_all for kRowsWritten, over the consumer threads only: every L2 row this
 // CTA wrote is visible system-wide before each rank's counter grows (by kUnit per launch).
@@ -329,10 +329,12 @@ __device__ bool wait_rows_written(const FusedRegions& r, const ep::comm::Signals
     return true;
 }
 
+// kRescaled: the opt-in accumulation, the running sum kept in the wgmma accumulators
+// (gemm::tile_k_loop_rescaled); the default promotes each scale group (gemm::tile_k_loop).
 // kProbe: the probe instantiation, which records the timeline (impls/fused_trace.cuh) when
 // probe.trace is not 0 and injects probe.fault when this rank is probe.fault_rank; the default
 // kernel passes kProbe = false and has none of it.
-template <int kStages, int kGroup, bool kProbe>
+template <int kStages, int kGroup, bool kRescaled, bool kProbe>
 __device__ __forceinline__ void fused_moe(const FusedParams& p, const FusedProbe& probe) {
     // Both GEMMs run over one ring of stages: L1's activation scales come per 128 columns, L2's
     // per G; a stage has room for the larger count, so both views place every region alike.
@@ -358,7 +360,7 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, const FusedProbe
     const u64 start_ns = tracer ? ptx::globaltimer_ns() : 0;
     const u32 my_fault = kProbe && u32(p.r.rank) == probe.fault_rank ? probe.fault : u32(kNoFault);
 
-    if (threadIdx.x == kMathWarps * 32) {
+    if (threadIdx.x == kProducerWarp * 32) {
         ptx::tma_prefetch_desc(&p.l1.tma_a);
         ptx::tma_prefetch_desc(&p.l1.tma_b);
         ptx::tma_prefetch_desc(&p.l1.tma_sa);
@@ -428,16 +430,16 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, const FusedProbe
         ep::comm::record_error(sig, h.status, 0, r.rank, h.n_blocks, r.ring_slots);
 
     // 3. Tasks. The producer warpgroup is done after its role; the consumer warpgroups go on
-    // to the combine on their own (named barrier kConsumersBarrier).
+    // to the combine on their own (named barrier kConsumers).
     if (warp >= kMathWarps) {
         if (run) {
             ptx::setmaxnreg_dec<kProducerRegs>();
-            if (warp == kMathWarps) {
+            if (warp == kProducerWarp) {
                 if (threadIdx.x % 32 == 0) produce<kStages, kProbe>(p, probe, s1, s2, h.n_tasks, s_tasks);
             } else if (warp == kReleaserWarp) {
                 if (threadIdx.x % 32 == 0) release_slices(r, s_slices_done, h.n_tasks, epoch);
             } else {
-                pull_rows(r, ptx::ctaid_x() * kPullWarps + (warp - kMathWarps - 1), gridDim.x * kPullWarps,
+                pull_rows(r, ptx::ctaid_x() * kPullWarps + (warp - kProducerWarp - 1), gridDim.x * kPullWarps,
                           s_pull_items);
             }
         }
@@ -445,7 +447,7 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, const FusedProbe
     }
     if (run) {
         ptx::setmaxnreg_inc<kConsumerRegs>();
-        consume<kStages, kProbe>(p, probe, s1, s2, warp / 4, h.n_tasks, s_slices_done, s_tasks);
+        consume<kStages, kRescaled, kProbe>(p, probe, s1, s2, warp / 4, h.n_tasks, s_slices_done, s_tasks);
     }
     if (my_fault == kStopMidTasks || my_fault == kStopMidCombine) return;
     if (tracer) cta_trace(probe.trace)->tasks_done = ptx::globaltimer_ns();

@@ -1,8 +1,7 @@
 // The fused kernel's optional timeline (the probe instantiation, kProbe = true with
-// FusedProbeParams::trace set: `megamoe bench layer --trace`; the default kernel has none of it): per CTA the times its phases end, per task the
+// FusedProbe::trace set: `megamoe bench layer --trace`; the default kernel has none of it): per CTA the times its phases end, per task the
 // producer's wait for the block's counter and the consumers' mainloop and epilogue, in globaltimer
-// ns. Laid out as src/fused.rs's `TaskTrace` and `CtaTrace` read it: [G] CtaTrace, then
-// [G][tasks per CTA] TaskTrace.
+// ns: [G] CtaTrace, then [G][tasks per CTA] TaskTrace (impls/fused_params.cuh).
 #pragma once
 #include <megamoe/common.cuh>
 #include <megamoe/ptx/sync.cuh>
@@ -10,20 +9,6 @@
 #include <megamoe_layer/impls/fused_params.cuh>
 
 namespace megamoe::layer {
-
-struct CtaTrace {
-    u64 start, routed, planned, tasks_done, rows_written, end;
-    u64 combined_early;  // tokens its consumer warps combined while they waited for every rank's rows
-};
-
-struct TaskTrace {
-    u64 wait_start, wait_end, issued;  // the producer: the block-counter wait, all stages issued
-    u64 wg[2][3];                      // each consumer warpgroup: task start, mainloop end, epilogue end
-    u32 kind, block;
-};
-
-MEGAMOE_PARAMS_LAYOUT(CtaTrace, 56, 8);
-MEGAMOE_PARAMS_LAYOUT(TaskTrace, 80, 8);
 
 // Task slots per CTA: every task of the largest call, spread over the grid.
 __device__ __forceinline__ u32 trace_tasks_per_cta(const FusedRegions& r) {

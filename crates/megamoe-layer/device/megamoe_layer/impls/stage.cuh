@@ -5,40 +5,14 @@
 // every slot masked (-1, weight 0), so its output row is zero and no other token sees it; the first
 // such slot (lowest token, then slot) is recorded in host-mapped memory for the host to report,
 // unless an earlier record is still pending there. The other blocks copy the caller's e4m3 rows
-// and scales into the rank's symmetric input region (one launch instead of two copies). Mirrored
-// by `StageParams` and `RouteFault` in src/stage.rs.
+// and scales into the rank's symmetric input region (one launch instead of two copies). Its
+// parameters: impls/stage_params.cuh, generated from src/stage.rs.
 #pragma once
 #include <megamoe/common.cuh>
 #include <megamoe/ptx/sync.cuh>
+#include <megamoe_layer/impls/stage_params.cuh>
 
 namespace megamoe::layer {
-
-constexpr u32 kStageThreads = 1024;
-
-// What the host reads: `code` last, after the rest is visible (the host reads it first).
-struct RouteFault {
-    u32 code;  // 0: none pending; else a RouteFaultCode
-    i32 row, slot;
-    i32 first;  // for kExpertTwice: the slot that named the expert first
-    i64 value;  // the expert id, or the weight's f32 bits
-};
-
-enum RouteFaultCode : u32 { kExpertOutOfRange = 1, kExpertTwice = 2, kWeightNotFinite = 3 };
-
-struct StageParams {
-    u64 topk_idx;      // the caller's [T, K], i64 when idx64 else i32
-    u64 topk_weights;  // the caller's f32 [T, K]
-    u64 out_idx;       // the layer's i32 [T, K]
-    u64 out_weights;   // the layer's f32 [T, K]
-    u64 fault;         // RouteFault, host-mapped (its device address)
-    u64 x, x_scales;          // the caller's e4m3 rows [T, H] and f32 scales [T, H/128], or 0
-    u64 out_x, out_x_scales;  // the symmetric input region's
-    u64 x_bytes;              // T · H (a multiple of 16)
-    i32 tokens, topk, experts, idx64;
-};
-
-MEGAMOE_PARAMS_LAYOUT(RouteFault, 24, 8);
-MEGAMOE_PARAMS_LAYOUT(StageParams, 96, 8);
 
 // The caller's routing of one call, read as the kernel needs it.
 struct CallerRouting {

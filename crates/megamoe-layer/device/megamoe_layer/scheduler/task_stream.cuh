@@ -15,29 +15,6 @@
 
 namespace megamoe::layer {
 
-constexpr u32 kBlockM = 128;      // rows of an m-block and of a ring slot
-constexpr u32 kBlockN = 256;      // columns of a task's tile
-constexpr u32 kUnitBlocks = 8;    // megamoe-core plan::rules::UNIT_BLOCKS
-constexpr u32 kGroupUnits = 4;    // megamoe-core plan::rules::GROUP_UNITS
-
-enum TaskKind : u32 { kL1 = 0, kL2 = 1 };
-
-struct PlanHeader {
-    u32 n_blocks, n_segments, n_tasks;
-    u32 status;  // 0, or the FusedError that made every rank skip the call
-};
-
-struct BlockInfo {
-    u32 expert;     // local expert
-    u32 first_row;  // inside the expert's rows (ordered by source rank, then token)
-    u32 rows;
-    u32 pad;
-};
-
-struct Segment {
-    u32 kind, first_block, n_blocks, first_task;
-};
-
 __device__ __forceinline__ char* local_buf(const FusedRegions& r) { return reinterpret_cast<char*>(r.peer_base[r.rank]); }
 __device__ __forceinline__ PlanHeader* plan_header(const FusedRegions& r) {
     return reinterpret_cast<PlanHeader*>(local_buf(r) + r.off_plan);

@@ -40,6 +40,7 @@ use crate::error::{LayerError, Result};
 use crate::kernel::{
     comm_sms, fused_smem_bytes, fused_spec, FusedParams, FusedProbe, FusedProbeParams,
     FusedRegions, SwigluQuant, FUSED_BAD_BOUND, FUSED_BLOCK_N, FUSED_NO_FAULT, FUSED_RING_OVERFLOW,
+    FUSED_WAITS,
 };
 use crate::spec::LayerSpec;
 use crate::stage::{StageParams, Stager};
@@ -56,22 +57,6 @@ use probe::Probe;
 pub use trace::{KindTrace, TraceReport};
 use trace::{CTA_TRACE_BYTES, TASK_TRACE_BYTES};
 
-/// The names of the fused kernel's own waits (`FusedWait` in
-/// device/megamoe_layer/comm/flags.cuh), beside the GEMM's and megamoe-ep's signal waits.
-pub const WAITS: WaitNames = WaitNames {
-    first: 0x300,
-    names: &[
-        "an L1 task waiting for its m-block's pulled rows",
-        "an L2 task waiting for its m-block's L1 tasks",
-        "the pull waiting for a ring slot's previous m-block to finish L2",
-        "the grid barrier after the call's plan",
-        "the pull waiting for the L1 frontier to come within pull_ahead blocks",
-        "the releaser waiting for a consumer warpgroup's slice of a task",
-        "the producer waiting for the consumers to read a task slot",
-        "a consumer warp waiting for the producer to hand over its next task",
-    ],
-};
-
 /// The fused kernel's signal kinds (device: `FusedSignal`), numbered like megamoe-ep's waits.
 const SIGNAL_WAITS: WaitNames = WaitNames {
     first: 0x200,
@@ -82,7 +67,7 @@ const SIGNAL_WAITS: WaitNames = WaitNames {
 };
 
 /// Every wait the fused kernel may record: its own, its signals', the GEMM mainloop's.
-const ALL_WAITS: [&WaitNames; 3] = [&WAITS, &SIGNAL_WAITS, &megamoe_gemm::grouped::WAITS];
+const ALL_WAITS: [&WaitNames; 3] = [&FUSED_WAITS, &SIGNAL_WAITS, &megamoe_gemm::grouped::WAITS];
 
 /// A call whose inputs are on the device: what [`FusedLayer::launch`] runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -875,7 +860,7 @@ mod tests {
     #[test]
     fn every_wait_id_has_a_name() {
         for id in 0x300..=0x307 {
-            assert!(WAITS.name(id).is_some(), "{id:#x}");
+            assert!(FUSED_WAITS.name(id).is_some(), "{id:#x}");
         }
         for id in 0x200..0x202 {
             assert!(SIGNAL_WAITS.name(id).is_some(), "{id:#x}");

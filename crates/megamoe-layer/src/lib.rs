@@ -65,7 +65,31 @@ mod weights;
 pub use call::{Activations, DeviceActivations, DeviceRankTensors, IndexType, RankInput};
 pub use error::{LayerError, Result};
 pub use fused::{FusedGraph, FusedLayer, FusedOptions, FusedStaged, KindTrace, TraceReport};
-pub use kernel::{generated_headers, kernel_specs};
 pub use layer::MoeLayer;
 pub use spec::{Kind, LayerBytes, LayerSpec};
 pub use split::{Phase, SplitLayer, Staged};
+
+/// The device headers generated from this crate's declarations (megamoe-cuda's `interface`).
+pub fn generated_headers() -> Vec<megamoe_cuda::interface::GeneratedHeader> {
+    let mut headers = kernel::generated_headers();
+    headers.push(stage::generated_header());
+    headers
+}
+
+/// Registry hook: every kernel configuration this crate launches.
+pub fn kernel_specs() -> Vec<megamoe_cuda::KernelSpec> {
+    let mut specs = kernel::kernel_specs();
+    specs.push(stage::stage_spec());
+    specs
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn generated_headers_are_current() {
+        megamoe_cuda::interface::check_headers(
+            env!("CARGO_MANIFEST_DIR"),
+            &super::generated_headers(),
+        );
+    }
+}

@@ -180,6 +180,8 @@ fn all_masked_tokens(world: &WorldInputs, got: &[Vec<bf16>]) -> Result<usize, St
         }
     }
     Ok(all_masked)
+}
+
 /// The error of both accumulations on one generated batch (the table in docs/PYTHON.md,
 /// "Accumulation"): the CPU reference once, then the fused and the split layer in each mode.
 /// Each mode's two kinds give the same bits; per-block is within [`MAX_DIFF`], rescaled within

@@ -55,7 +55,13 @@ impl SplitLayer {
         let (h, i) = (self.spec.shape.hidden, self.spec.shape.inter);
         let el = self.spec.shape.local_experts(self.spec.ranks);
         let rows = self.spec.pool_rows();
-        let problem = l1_problem(h, i, el, self.rows_per_expert(staged), self.spec.accumulation);
+        let problem = l1_problem(
+            h,
+            i,
+            el,
+            self.rows_per_expert(staged),
+            self.spec.accumulation,
+        );
         let config = choose(&problem, self.l1_config.ctas)?;
         let mut l1 = Vec::new();
         let mut scratch = Vec::new();

@@ -27,6 +27,40 @@ constexpr u32 kUnitBlocks = 8;
 // Units of a group of the task stream.
 constexpr u32 kGroupUnits = 4;
 
+// Faults the probe instantiation injects on one rank (the selftest's fault checks).
+enum FusedFault : u32 {
+    kNoFault = 0,
+    kStopAfterRouting = 1,
+    kStopMidTasks = 2,
+    kStopMidCombine = 3,
+    kCorruptCount = 4,
+    kSlowPeer = 5,
+};
+
+// Error codes of the buffer's error record (megamoe-ep's `ErrorRecord`).
+enum FusedError : u32 {
+    kBadBound = 4,
+    kRingOverflow = 5,
+};
+
+// The kernel's own waits, in this crate's range of wait ids (comm/flags.cuh).
+enum FusedWait : u32 {
+    kWaitRowsPulled = 0x300,  // an L1 task waiting for its m-block's pulled rows
+    kWaitL1Done = 0x301,  // an L2 task waiting for its m-block's L1 tasks
+    kWaitSlotFree = 0x302,  // the pull waiting for a ring slot's previous m-block to finish L2
+    kWaitGrid = 0x303,  // the grid barrier after the call's plan
+    kWaitPullTurn = 0x304,  // the pull waiting for the L1 frontier to come within pull_ahead blocks
+    kWaitSlicesDone = 0x305,  // the releaser waiting for a consumer warpgroup's slice of a task
+    kWaitTaskSlot = 0x306,  // the producer waiting for the consumers to read a task slot
+    kWaitTaskReady = 0x307,  // a consumer warp waiting for the producer to hand over its next task
+};
+
+// A task's GEMM (megamoe-core's `TaskKind`).
+enum TaskKind : u32 {
+    kL1 = 0,
+    kL2 = 1,
+};
+
 // Where a fused call's data lives: byte offsets of megamoe-core's fused `SymmetricLayout`
 // (`FusedOffsets`), the same in every rank's buffer, and the call's sizes.
 struct FusedRegions {
@@ -109,16 +143,6 @@ struct alignas(64) FusedParams {
 };
 MEGAMOE_PARAMS_LAYOUT(FusedParams, 1344, 64);
 
-// Faults the probe instantiation injects on one rank (the selftest's fault checks).
-enum FusedFault : u32 {
-    kNoFault = 0,
-    kStopAfterRouting = 1,
-    kStopMidTasks = 2,
-    kStopMidCombine = 3,
-    kCorruptCount = 4,
-    kSlowPeer = 5,
-};
-
 // What the probe instantiation is told beyond the call: its timeline
 // (impls/fused_trace.cuh) or 0, and a fault for rank `fault_rank`.
 struct FusedProbe {
@@ -139,30 +163,6 @@ struct alignas(64) FusedProbeParams {
     FusedProbe probe;
 };
 MEGAMOE_PARAMS_LAYOUT(FusedProbeParams, 1408, 64);
-
-// Error codes of the buffer's error record (megamoe-ep's `ErrorRecord`).
-enum FusedError : u32 {
-    kBadBound = 4,
-    kRingOverflow = 5,
-};
-
-// The kernel's own waits, in this crate's range of wait ids (comm/flags.cuh).
-enum FusedWait : u32 {
-    kWaitRowsPulled = 0x300,  // an L1 task waiting for its m-block's pulled rows
-    kWaitL1Done = 0x301,  // an L2 task waiting for its m-block's L1 tasks
-    kWaitSlotFree = 0x302,  // the pull waiting for a ring slot's previous m-block to finish L2
-    kWaitGrid = 0x303,  // the grid barrier after the call's plan
-    kWaitPullTurn = 0x304,  // the pull waiting for the L1 frontier to come within pull_ahead blocks
-    kWaitSlicesDone = 0x305,  // the releaser waiting for a consumer warpgroup's slice of a task
-    kWaitTaskSlot = 0x306,  // the producer waiting for the consumers to read a task slot
-    kWaitTaskReady = 0x307,  // a consumer warp waiting for the producer to hand over its next task
-};
-
-// A task's GEMM (megamoe-core's `TaskKind`).
-enum TaskKind : u32 {
-    kL1 = 0,
-    kL2 = 1,
-};
 
 // The call's plan as the kernel built it (the `plan` region).
 struct PlanHeader {

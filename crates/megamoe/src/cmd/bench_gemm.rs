@@ -161,18 +161,18 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
     } else {
         args.block_n.iter().map(|&b| Some(b)).collect()
     };
-    let arms: Vec<Arm> = block_ns
-        .iter()
-        .flat_map(|&block_n| {
-            clusters.iter().flat_map(move |&cluster_m| {
-                accumulations.iter().map(move |&accumulation| Arm {
+    let mut arms = Vec::new();
+    for &block_n in &block_ns {
+        for &cluster_m in &clusters {
+            for &accumulation in &accumulations {
+                arms.push(Arm {
                     block_n,
                     cluster_m,
                     accumulation,
-                })
-            })
-        })
-        .collect();
+                });
+            }
+        }
+    }
     let mut cases = Vec::new();
     for &mean in &args.rows_per_expert {
         for &pad in &pads {

@@ -1,6 +1,6 @@
 #!/bin/bash
-# The K loop's and the fused producer's GPU session on one H200: (a) the fused layer's selftest
-# (its output hashes, to compare with the previous build's); (b) `bench layer --trace`, split and
+# The K loop's and the fused producer's GPU session on one H200: (a) the fused layer's selftest,
+# tiny, flash/32 and pro/48 R=1 (its output hashes, to compare with the previous build's); (b) `bench layer --trace`, split and
 # fused interleaved, on the EP8-rank proxies (flash with 32 experts, pro with 48), in processes
 # that alternate between BASELINE_BINARY and MEGAMOE_BINARY (A B A B ...: machine drift falls on
 # both alike) or of MEGAMOE_BINARY alone; (c) optionally `bench gemm` on the L1 and L2 shapes of
@@ -54,7 +54,7 @@ layer_round() {
 }
 for s in $steps; do
   case $s in
-    selftest) timed selftest_fused 150 selftest --only "layer fused"
+    selftest) timed selftest_fused 90 selftest --only "layer fused tiny,layer fused flash,layer fused pro/48 R=1"
               grep -E '^FAIL|checks passed' "$out/selftest_fused.txt" ;;
     layer) for round in 1 2; do
              [ -n "$base" ] && layer_round A "$base" "$round"

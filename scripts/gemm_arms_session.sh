@@ -8,7 +8,7 @@
 # one Nsight Compute profile of the last arm at L1 512 rows while time is left; the short table
 # last. Each step's timeout is cut to the time left, so the table always comes.
 # usage: scripts/gemm_arms_session.sh MEGAMOE_BINARY OUT_DIR [ARM_FLAG VALUES [all|large]]
-#   e.g. scripts/gemm_arms_session.sh target/release/megamoe out --pipelined false,true
+#   e.g. scripts/gemm_arms_session.sh target/release/megamoe out --queued false,true
 #   Without an arm the heuristic's kernel runs alone. `large` leaves out the 32-row cases (for
 #   arms that exist only on 128-row tiles).
 set -u
@@ -105,7 +105,7 @@ except FileNotFoundError:
 def arm(r):
     k = r["kernel"]
     tile = "x".join(re.search(r"_m(\d+)_n(\d+)_", k).groups())
-    tags = [t for t in ("masked", "c2", "areg", "pipe") if f"_{t}" in k]
+    tags = [t for t in ("masked", "c2", "queued") if f"_{t}" in k]
     return " ".join([tile] + tags)
 # Every row against the first arm of the same case (shape, rows, layout, flush) in this run.
 print("\n| shape | rows | L2 flush | arm | µs | TFLOP/s | ×floor | vs first arm | DeepGEMM µs |")

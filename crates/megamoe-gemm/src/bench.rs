@@ -6,8 +6,7 @@ use megamoe_cuda::Gpu;
 use crate::error::{GemmError, Result};
 use crate::grouped::GroupedGemm;
 use crate::heuristics::{
-    choose, with_a_regs, with_block_n, with_cluster, with_pipelined, Accumulation, GemmConfig,
-    GemmProblem,
+    choose, with_block_n, with_cluster, Accumulation, GemmConfig, GemmProblem,
 };
 use crate::testdata::{compare, DeviceOperands, HostOperands};
 
@@ -50,10 +49,6 @@ pub struct Arm {
     pub block_n: Option<usize>,
     /// CTAs per cluster sharing the weight tile (see `GemmConfig::cluster_m`).
     pub cluster_m: Option<usize>,
-    /// wgmma A operand from registers (see `GemmConfig::a_regs`).
-    pub a_regs: bool,
-    /// v6: promotion overlapping the next group's wgmmas (see `GemmConfig::pipelined`).
-    pub pipelined: bool,
     /// How the K loop sums over K (overrides the problem's; see `GemmConfig::accumulation`).
     pub accumulation: Accumulation,
 }
@@ -85,20 +80,6 @@ fn arm_config(
             reason: format!("no {cm}-CTA cluster variant of {}", config.kernel_name()),
         })?;
     }
-    config = with_a_regs(config, arm.a_regs).ok_or_else(|| GemmError::Shape {
-        arg: "a_regs",
-        reason: format!(
-            "no A-from-registers variant of {} (promoted 128 x 256 tiles only)",
-            config.kernel_name()
-        ),
-    })?;
-    config = with_pipelined(config, arm.pipelined).ok_or_else(|| GemmError::Shape {
-        arg: "pipelined",
-        reason: format!(
-            "no pipelined-promotion variant of {} (promoted, unclustered tiles only)",
-            config.kernel_name()
-        ),
-    })?;
     if opts.direct_store {
         config.tma_store = false;
     }

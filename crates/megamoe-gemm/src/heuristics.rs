@@ -8,11 +8,8 @@
 //! when N is not a multiple of 256; and 64 x 256 (warpgroups split the columns) when experts hold
 //! few rows, where a 128-row block would mostly multiply padding. Stages fill the
 //! shared memory; the grid is one CTA per SM. The 128 x 256 tile also exists on clusters of two
-//! CTAs that multicast the weight tile (`cluster_m`) and with the wgmma A operand from registers
-//! (`a_regs`), benchmark knobs not chosen here. The one-wave tiles (128 x 128 and 64 x 256) also
-//! exist with the promotion of each scale group overlapping the next group's wgmmas
-//! (`pipelined`, v6), a benchmark knob not chosen here either. Every tile shape without v6 or A
-//! from registers also exists with the running sum kept in the accumulator
+//! CTAs that multicast the weight tile (`cluster_m`), a benchmark knob not chosen here. Every
+//! tile shape also exists with the running sum kept in the accumulator
 //! ([`Accumulation::Rescaled`], the caller's opt-in, passed through [`GemmProblem`]).
 //!
 //! The tile shapes, the shared-memory plan and the rules for BLOCK_M and BLOCK_N live in
@@ -90,15 +87,7 @@ pub struct GemmConfig {
     /// CTAs per cluster: 2 pairs CTAs on m-blocks 2i, 2i + 1 of one expert and n-block, each
     /// loading half the weight tile and multicasting it to both (128 x 256 tiles only).
     pub cluster_m: usize,
-    /// The wgmmas take A from registers, loaded with ldmatrix once per scale group for both of
-    /// a warpgroup's 128-column waves (128 x 256 tiles only; a benchmark knob, not chosen here).
-    pub a_regs: bool,
-    /// v6: each scale group's promotion overlaps the next group's wgmmas, through a second
-    /// accumulator set (one-wave tiles, 128 x 128 and 64 x 256, only: the 128 x 256 tile has no
-    /// registers for it; a benchmark knob, not chosen here).
-    pub pipelined: bool,
-    /// The K loop's accumulation ([`GemmProblem::accumulation`]; neither v6 nor A from registers
-    /// exists rescaled).
+    /// The K loop's accumulation ([`GemmProblem::accumulation`]).
     pub accumulation: Accumulation,
     pub ctas: usize,
 }
@@ -112,7 +101,7 @@ impl GemmConfig {
     /// The kernel symbol of this instantiation.
     pub fn kernel_name(&self) -> String {
         format!(
-            "grouped_gemm_fp8_m{}_n{}_s{}_g{}_{}_{}{}{}{}{}{}",
+            "grouped_gemm_fp8_m{}_n{}_s{}_g{}_{}_{}{}{}{}",
             self.block_m,
             self.block_n,
             self.stages,
@@ -128,8 +117,6 @@ impl GemmConfig {
             } else {
                 String::new()
             },
-            if self.a_regs { "_areg" } else { "" },
-            if self.pipelined { "_pipe" } else { "" },
             match self.accumulation {
                 Accumulation::PerBlock => "",
                 Accumulation::Rescaled => "_rescaled",
@@ -216,8 +203,6 @@ pub fn choose(p: &GemmProblem, sms: usize) -> Result<GemmConfig, GemmError> {
         tma_store: tma_store_applies(matches!(p.layout, Layout::Masked { .. }), p.out),
         group_m: 8,
         cluster_m: 1,
-        a_regs: false,
-        pipelined: false,
         accumulation: p.accumulation,
         ctas: sms,
     };
@@ -255,65 +240,16 @@ pub fn with_cluster(config: GemmConfig, p: &GemmProblem, cluster_m: usize) -> Op
     })
 }
 
-/// `config` with the wgmma A operand from registers, or None where that does not exist (only
-/// promoted 128 x 256 tiles, whose warpgroups run two waves on the same A slice).
-pub fn with_a_regs(config: GemmConfig, a_regs: bool) -> Option<GemmConfig> {
-    let exists = !a_regs
-        || ((config.block_m, config.block_n) == (128, 256)
-            && config.accumulation == Accumulation::PerBlock);
-    exists.then_some(GemmConfig { a_regs, ..config })
-}
-
-/// `config` with (v6) or without the promotion overlapping the next group's wgmmas, or None
-/// where that does not exist (clusters, A from registers, rescaled). A 128 x 256 tile becomes 128 x 128:
-/// v6 needs a second 64-register accumulator set, which fits next to a one-wave running sum
-/// (64 registers) but not next to the 128 x 256 tile's two waves (128).
-pub fn with_pipelined(config: GemmConfig, pipelined: bool) -> Option<GemmConfig> {
-    if !pipelined {
-        return Some(GemmConfig {
-            pipelined,
-            ..config
-        });
-    }
-    if config.cluster_m != 1 || config.a_regs || config.accumulation != Accumulation::PerBlock {
-        return None;
-    }
-    let block_n = if config.block_m == 128 {
-        128
-    } else {
-        config.block_n
-    };
-    Some(GemmConfig {
-        block_n,
-        stages: max_stages(config.block_m, block_n, config.group_size),
-        pipelined,
-        ..config
-    })
-}
-
-/// Every configuration `choose` can return, in either accumulation (and the clustered and
-/// A-from-registers variants of the 128 x 256 tile, the clustered one in either accumulation,
-/// and the v6 variants of the one-wave tiles), for compile-everything checks.
+/// Every configuration `choose` can return, in either accumulation (and the clustered variant
+/// of the 128 x 256 tile, in either accumulation), for compile-everything checks.
 pub fn all_configs(sms: usize) -> Vec<GemmConfig> {
     use Accumulation::{PerBlock, Rescaled};
     let mut out = Vec::new();
-    let shapes = TILE_SHAPES.map(|(m, n)| (m, n, 1, false, false));
-    for (block_m, block_n, cluster_m, a_regs, pipelined, accumulation) in shapes
+    for (block_m, block_n, cluster_m, accumulation) in TILE_SHAPES
         .iter()
-        .map(|&(m, n, c, a, p)| (m, n, c, a, p, PerBlock))
-        .chain([
-            (128, 256, 2, false, false, PerBlock),
-            (128, 256, 1, true, false, PerBlock),
-            (128, 256, 2, true, false, PerBlock),
-            (128, 128, 1, false, true, PerBlock),
-            (64, 256, 1, false, true, PerBlock),
-            (128, 256, 2, false, false, Rescaled),
-        ])
-        .chain(
-            shapes
-                .iter()
-                .map(|&(m, n, c, a, p)| (m, n, c, a, p, Rescaled)),
-        )
+        .map(|&(m, n)| (m, n, 1, PerBlock))
+        .chain([(128, 256, 2, PerBlock), (128, 256, 2, Rescaled)])
+        .chain(TILE_SHAPES.iter().map(|&(m, n)| (m, n, 1, Rescaled)))
     {
         for group_size in [128, 64] {
             for masked in [false, true] {
@@ -332,8 +268,6 @@ pub fn all_configs(sms: usize) -> Vec<GemmConfig> {
                             tma_store,
                             group_m: 8,
                             cluster_m,
-                            a_regs,
-                            pipelined,
                             accumulation,
                             ctas: sms - sms % cluster_m,
                         });
@@ -397,53 +331,6 @@ mod tests {
         odd.n = 768;
         assert!(with_cluster(choose(&odd, 132).unwrap(), &odd, 2).is_none());
         assert!(with_cluster(c, &p, 4).is_none());
-    }
-
-    #[test]
-    fn a_from_registers_exists_only_for_the_128_by_256_tile() {
-        let p = problem(512, Layout::Contiguous { pad: 128 }, 128);
-        let c = choose(&p, 132).unwrap();
-        assert!(!c.a_regs);
-        let v5 = with_a_regs(c, true).unwrap();
-        assert!(v5.a_regs && v5.kernel_name().ends_with("_tma_areg"));
-        let both = with_a_regs(with_cluster(c, &p, 2).unwrap(), true).unwrap();
-        assert!(both.kernel_name().ends_with("_c2_areg"));
-        let small = choose(&problem(32, Layout::Contiguous { pad: 64 }, 128), 132).unwrap();
-        assert!(with_a_regs(small, true).is_none());
-        assert_eq!(with_a_regs(small, false), Some(small));
-        let configs = all_configs(132);
-        assert_eq!(configs.iter().filter(|c| c.a_regs).count(), 20);
-        assert!(configs
-            .iter()
-            .filter(|c| c.a_regs)
-            .all(|c| (c.block_m, c.block_n) == (128, 256)));
-    }
-
-    #[test]
-    fn pipelined_promotion_exists_only_for_one_wave_tiles() {
-        let p = problem(512, Layout::Contiguous { pad: 128 }, 128);
-        let c = choose(&p, 132).unwrap();
-        assert!(!c.pipelined);
-        let v6 = with_pipelined(c, true).unwrap();
-        assert_eq!((v6.block_m, v6.block_n, v6.stages), (128, 128, 6));
-        assert!(v6.kernel_name().ends_with("_tma_pipe"));
-        assert_eq!(with_pipelined(c, false), Some(c));
-        let small = choose(&problem(32, Layout::Masked { max_m: 32 }, 128), 132).unwrap();
-        let v6 = with_pipelined(small, true).unwrap();
-        assert_eq!((v6.block_m, v6.block_n, v6.stages), (64, 256, 5));
-        assert!(with_pipelined(with_cluster(c, &p, 2).unwrap(), true).is_none());
-        assert!(with_pipelined(with_a_regs(c, true).unwrap(), true).is_none());
-        let configs = all_configs(132);
-        assert_eq!(configs.iter().filter(|c| c.pipelined).count(), 20);
-        // Every v6 configuration is its one-wave base configuration with the flag set.
-        for v6 in configs.iter().filter(|c| c.pipelined) {
-            let base = GemmConfig {
-                pipelined: false,
-                ..*v6
-            };
-            assert!(configs.contains(&base), "{v6:?}");
-            assert_eq!(with_pipelined(base, true), Some(*v6));
-        }
     }
 
     #[test]
@@ -553,10 +440,10 @@ mod tests {
             .iter()
             .filter(|c| c.accumulation == Accumulation::Rescaled)
             .collect();
-        // Every promoted configuration without v6 or A from registers, once more rescaled.
+        // Every promoted configuration, once more rescaled.
         assert_eq!(rescaled.len(), 50);
+        assert_eq!(configs.len(), 100);
         for c in rescaled {
-            assert!(!c.a_regs && !c.pipelined, "{c:?}");
             assert!(
                 c.kernel_name().ends_with("_rescaled"),
                 "{}",
@@ -571,7 +458,6 @@ mod tests {
                 c.kernel_name(),
                 format!("{}_rescaled", promoted.kernel_name())
             );
-            assert!(with_a_regs(*c, true).is_none() && with_pipelined(*c, true).is_none());
         }
         for rows in [1, 32, 64, 512, 4096] {
             for layout in [

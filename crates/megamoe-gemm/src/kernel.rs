@@ -45,8 +45,8 @@ pub fn kernel_spec(config: &GemmConfig) -> KernelSpec {
          {name}(const __grid_constant__ megamoe::gemm::GroupedGemmParams p) {{\n\
          \x20   using Scheduler = megamoe::gemm::TileScheduler<{bm}, {bn}, {masked}, {cluster}>;\n\
          \x20   using Epilogue = megamoe::gemm::{epilogue};\n\
-         \x20   megamoe::gemm::grouped_gemm_fp8<{bm}, {bn}, {stages}, {g}, {masked}, {cluster}, {a_regs},\n\
-         \x20                                   {pipelined}, {rescaled}, Scheduler, Epilogue>(p, Epilogue{{p.epilogue}});\n\
+         \x20   megamoe::gemm::grouped_gemm_fp8<{bm}, {bn}, {stages}, {g}, {masked}, {cluster}, {rescaled},\n\
+         \x20                                   Scheduler, Epilogue>(p, Epilogue{{p.epilogue}});\n\
          }}\n",
         bm = config.block_m,
         bn = config.block_n,
@@ -54,8 +54,6 @@ pub fn kernel_spec(config: &GemmConfig) -> KernelSpec {
         g = config.group_size,
         masked = config.masked,
         cluster = config.cluster_m,
-        a_regs = config.a_regs,
-        pipelined = config.pipelined,
         smem = config.smem_bytes(),
         rescaled = config.accumulation == Accumulation::Rescaled,
     );

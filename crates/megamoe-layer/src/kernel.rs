@@ -671,8 +671,6 @@ pub fn l1_config(sms: usize, accumulation: Accumulation) -> GemmConfig {
         tma_store: false,
         group_m: 8,
         cluster_m: 1,
-        a_regs: false,
-        pipelined: false,
         accumulation,
         ctas: sms,
     }
@@ -690,7 +688,7 @@ pub fn split_l1_spec(config: &GemmConfig) -> KernelSpec {
         "#include <megamoe_layer/impls/split_l1.cuh>\n\
          extern \"C\" __global__ void __launch_bounds__({threads}, 1)\n\
          {name}(const __grid_constant__ megamoe::layer::SplitL1Params p) {{\n\
-         \x20   megamoe::gemm::grouped_gemm_fp8<128, 256, {stages}, 128, false, 1, false, false, {rescaled},\n\
+         \x20   megamoe::gemm::grouped_gemm_fp8<128, 256, {stages}, 128, false, 1, {rescaled},\n\
          \x20                                   megamoe::gemm::TileScheduler<128, 256, false, 1>,\n\
          \x20                                   megamoe::layer::SwigluQuant>(p.gemm, p.epilogue);\n\
          }}\n",

@@ -55,7 +55,7 @@ pub struct BenchGemmArgs {
     #[arg(long, default_value_t = 1, value_parser = args::seed, allow_hyphen_values = true)]
     pub seed: u64,
     /// Overrides the heuristic's BLOCK_N (128, 192 or 256; tuning knob); a comma-separated
-    /// list runs each case once per value (and per cluster size, A source and K loop),
+    /// list runs each case once per value (and per cluster size),
     /// interleaved on the same operands.
     #[arg(long, value_delimiter = ',', value_parser = args::one_of(&[128, 192, 256]),
           allow_hyphen_values = true)]
@@ -78,18 +78,9 @@ pub struct BenchGemmArgs {
     #[arg(long, value_delimiter = ',', value_parser = args::one_of(&[1, 2]),
           allow_hyphen_values = true)]
     pub cluster_m: Vec<usize>,
-    /// wgmma A operand from registers (true/false; 128 x 256 tiles; tuning knob); a
-    /// comma-separated list runs each case once per value (and per cluster size), interleaved.
-    #[arg(long, value_delimiter = ',')]
-    pub a_regs: Vec<bool>,
-    /// v6: each scale group's promotion overlaps the next group's wgmmas (true/false; one-wave
-    /// tiles: a 128 x 256 tile becomes 128 x 128; tuning knob); a comma-separated list runs each
-    /// case once per value (and per cluster size and A source), interleaved.
-    #[arg(long, value_delimiter = ',')]
-    pub pipelined: Vec<bool>,
     #[arg(long, value_delimiter = ',', value_parser = args::accumulation,
           help = format!("{}; a comma-separated list runs each case once per value (and per \
-                          cluster size, A source and K loop), interleaved", args::ACCUMULATION_HELP))]
+                          cluster size), interleaved", args::ACCUMULATION_HELP))]
     pub accumulation: Vec<Accumulation>,
     /// Writes a 256 MiB buffer before every timed launch (outside its events), so each launch
     /// starts with an L2 that holds none of its operands, as DeepGEMM's benchmark does.
@@ -160,16 +151,6 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
     } else {
         args.cluster_m.iter().map(|&c| Some(c)).collect()
     };
-    let a_regs = if args.a_regs.is_empty() {
-        vec![false]
-    } else {
-        args.a_regs.clone()
-    };
-    let pipelined = if args.pipelined.is_empty() {
-        vec![false]
-    } else {
-        args.pipelined.clone()
-    };
     let accumulations = if args.accumulation.is_empty() {
         vec![Accumulation::PerBlock]
     } else {
@@ -181,21 +162,14 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
         args.block_n.iter().map(|&b| Some(b)).collect()
     };
     let mut arms = Vec::new();
-    for (&block_n, &cluster_m) in block_ns
-        .iter()
-        .flat_map(|b| clusters.iter().map(move |c| (b, c)))
-    {
-        for &a_regs in &a_regs {
-            for &pipelined in &pipelined {
-                for &accumulation in &accumulations {
-                    arms.push(Arm {
-                        block_n,
-                        cluster_m,
-                        a_regs,
-                        pipelined,
-                        accumulation,
-                    });
-                }
+    for &block_n in &block_ns {
+        for &cluster_m in &clusters {
+            for &accumulation in &accumulations {
+                arms.push(Arm {
+                    block_n,
+                    cluster_m,
+                    accumulation,
+                });
             }
         }
     }
@@ -280,8 +254,7 @@ pub fn run(args: &BenchGemmArgs) -> Result<(), Box<dyn std::error::Error>> {
                     Layout::Contiguous { pad } => pad,
                     Layout::Masked { .. } => 0,
                 },
-                "cluster_m": arm.cluster_m.unwrap_or(1), "a_regs": arm.a_regs,
-                "pipelined": arm.pipelined, "flush_l2": args.flush_l2, "block_n": arm.block_n,
+                "cluster_m": arm.cluster_m.unwrap_or(1), "flush_l2": args.flush_l2, "block_n": arm.block_n,
                 "accumulation": arm.accumulation.name(), "diff": r.diff,
                 "rows_per_expert": mean, "n": n, "k": k, "group_sizes": rows,
                 "min_us": r.min_us, "max_us": r.max_us, "weight_floor_us": r.weight_floor_us,

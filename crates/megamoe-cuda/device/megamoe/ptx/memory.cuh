@@ -26,15 +26,6 @@ __device__ __forceinline__ u32 opaque(u32 v) {
   return v;
 }
 
-// Four 8x8 b16 matrices from shared memory to registers (one b32 per matrix per thread, the mma
-// fragment layout); lanes 8i..8i+7 give the row addresses of matrix i.
-__device__ __forceinline__ void ldmatrix_x4(const void* src, u32 (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(src))
-               : "memory");
-}
-
 // Four 8x8 b16 matrices from registers (one b32 per matrix per thread, the mma fragment
 // layout) to shared memory; lanes 8i..8i+7 give the row addresses of matrix i.
 __device__ __forceinline__ void stmatrix_x4(void* dst, u32 r0, u32 r1, u32 r2, u32 r3) {

@@ -1,9 +1,6 @@
 // FP8 block-scaled grouped GEMM y = x * W^T over experts (SPEC §3 steps 1 and 4), persistent and
 // warp-specialised: warpgroups 0 and 1 run the wgmma consumer, warpgroup 2 the TMA producer.
 // kClusterM = 2: clusters of two CTAs that share (multicast) the weight tile of a tile pair.
-// kARegs: the wgmmas take A from registers (ldmatrix once per scale group, see tile_k_loop).
-// kPipelined (v6): each scale group's promotion overlaps the next group's wgmmas (one-wave
-// slices only, see tile_k_loop_pipelined).
 // kRescaled: the opt-in accumulation, the running sum kept in the wgmma accumulators
 // (tile_k_loop_rescaled).
 // Scheduler: the tile sequence (TileScheduler, or any of the shape in scheduler/tile.cuh whose
@@ -24,7 +21,7 @@
 namespace megamoe::gemm {
 
 template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, bool kMasked, int kClusterM,
-          bool kARegs, bool kPipelined, bool kRescaled, typename Scheduler, typename Epilogue>
+          bool kRescaled, typename Scheduler, typename Epilogue>
 __device__ __forceinline__ void grouped_gemm_fp8(const GroupedGemmParams& p, const Epilogue& epi) {
     using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>;
     extern __shared__ u8 smem_raw[];
@@ -62,8 +59,8 @@ __device__ __forceinline__ void grouped_gemm_fp8(const GroupedGemmParams& p, con
         }
     } else {
         ptx::setmaxnreg_inc<kConsumerRegs>();
-        wgmma_consumer<BLOCK_M, BLOCK_N, kStages, kGroupSize, kClusterM, kARegs, kPipelined, kRescaled,
-                       Scheduler, Epilogue>(p.mainloop, p.scheduler, epi, smem, warp / 4);
+        wgmma_consumer<BLOCK_M, BLOCK_N, kStages, kGroupSize, kClusterM, kRescaled, Scheduler, Epilogue>(
+            p.mainloop, p.scheduler, epi, smem, warp / 4);
     }
     if constexpr (kClusterM > 1) ptx::cluster_sync();
 }

@@ -15,8 +15,6 @@
 
 namespace megamoe::gemm {
 
-using Fp8Mma = WgmmaM64N128K32E4M3;
-
 // A consumer warp is done with a stage: in a cluster pair either CTA's producer may write the
 // stage (its multicast half of the weight tile), so both are told.
 template <int kClusterM>
@@ -72,10 +70,8 @@ struct TileWeightScales {
 // summed into `sum` (kWaves * kWaveN / 2 f32 registers; the fresh accumulators take kWaveN / 2
 // more). A 128-column wave lies in one 128 x 128 weight scale block; a 192-column wave starts
 // kScaleShift (0 or 64) columns into one and spans two, its first 128 - kScaleShift columns
-// scaled by the first. kARegs (128-column waves): each scale group's A slice is read from shared
-// memory once (ldmatrix, G/32 x 4 registers) and fed to every wave from registers, instead of
-// every wave's wgmmas reading it again.
-template <int kWaveN, int kWaves, int kClusterM, bool kARegs, int kScaleShift, int BLOCK_M,
+// scaled by the first.
+template <int kWaveN, int kWaves, int kClusterM, int kScaleShift, int BLOCK_M,
           int BLOCK_N, int kStages, int kGroupSize, int kSaCols>
 __device__ __forceinline__ void tile_k_loop(const MainloopParams& p,
                                             const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize, kSaCols>& smem,
@@ -88,13 +84,9 @@ __device__ __forceinline__ void tile_k_loop(const MainloopParams& p,
     constexpr int kScaleBlocks = TileWeightScales<kWaveN, kWaves, 0>::kScaleBlocks;
     // Accumulator groups of 4 registers (8 columns) under the wave's first weight scale.
     constexpr int kFirstScaleGroups = kWaveN == 128 ? Mma::kAccum / 4 : (128 - kScaleShift) / 8;
-    static_assert(kWaveN == 128 || (kWaves == 1 && !kARegs), "a 192-column slice is one wave");
+    static_assert(kWaveN == 128 || kWaves == 1, "a 192-column slice is one wave");
     const u32 lane = threadIdx.x % 32;
     const u32 r_lo = a_off + (threadIdx.x / 32) % 4 * 16 + lane / 4;
-    // ldmatrix.x4 row and 16-byte chunk of this lane inside the slice (matrices: rows 0-7 | 8-15
-    // of the warp's 16, times bytes 0-15 | 16-31 of the k32 step), before the 128-byte swizzle.
-    const u32 a_ld_row = (threadIdx.x / 32) % 4 * 16 + lane % 8 + 8 * ((lane / 8) % 2);
-    const u32 a_ld_chunk = lane / 16;
     auto* error = reinterpret_cast<comm::WaitRecord*>(p.error);
     const u32 k_blocks = p.k / Layout::kBlockK;
     // The tile's weight scales, staged by the caller (TileWeightScales).
@@ -130,21 +122,11 @@ __device__ __forceinline__ void tile_k_loop(const MainloopParams& p,
             sa_lo[g] = ptx::ld_shared_f32(sa + g * BLOCK_M * 4);
             sa_hi[g] = ptx::ld_shared_f32(sa + (g * BLOCK_M + 8) * 4);
         }
-        const u8* a_tile = smem.a(ring.stage) + a_off * Layout::kBlockK;
         const u32 a_desc_lo = a_desc_lo0 + ring.stage * (Layout::kABytes / 16);
         const u32 b_desc_lo = b_desc_lo0 + ring.stage * (Layout::kBBytes / 16);
 
 #pragma unroll
         for (int g = 0; g < kScaleCols; ++g) {
-            u32 a_frag[kMmaPerGroup][4];
-            if constexpr (kARegs) {
-#pragma unroll
-                for (int j = 0; j < kMmaPerGroup; ++j) {
-                    const u32 chunk = (g * kMmaPerGroup + j) * (Mma::kK / 16) + a_ld_chunk;
-                    ptx::ldmatrix_x4(a_tile + a_ld_row * Layout::kBlockK + (chunk ^ (a_ld_row % 8)) * 16,
-                                     a_frag[j]);
-                }
-            }
 #pragma unroll
             for (int w = 0; w < kWaves; ++w) {
                 float acc[Mma::kAccum];
@@ -156,11 +138,7 @@ __device__ __forceinline__ void tile_k_loop(const MainloopParams& p,
                     const u32 k_bytes = (g * kMmaPerGroup + j) * Mma::kK;
                     const u64 b_desc =
                         smem_desc_from_lo(b_desc_lo + (w * Mma::kN * Layout::kBlockK + k_bytes) / 16);
-                    if constexpr (kARegs) {
-                        Mma::mma(a_frag[j], b_desc, acc, j > 0);
-                    } else {
-                        Mma::mma(smem_desc_from_lo(a_desc_lo + k_bytes / 16), b_desc, acc, j > 0);
-                    }
+                    Mma::mma(smem_desc_from_lo(a_desc_lo + k_bytes / 16), b_desc, acc, j > 0);
                 }
                 wgmma_commit();
 #pragma unroll
@@ -230,7 +208,9 @@ struct RescaledKLoop {
     int prev_stage = 0;  // the stage of the last block begun
 
     // Block kb's scales and descriptors, once its stage is full. The previous block's wgmmas
-    // are in flight (see PipelinedKLoop::wait_full).
+    // are in flight: the wait's expiry path waits for them before it exits, or ptxas would
+    // insert that wait on its own and serialize every wgmma of the kernel (C7518); the aligned
+    // wait_group needs the whole warp, hence the per-warp wait.
     __device__ __forceinline__ void begin_block(u32 kb) {
 #pragma unroll
         for (int w = 0; w < kWaves; ++w) {
@@ -372,148 +352,21 @@ __device__ __forceinline__ void tile_k_loop_rescaled(const MainloopParams& p,
 
 // The K loop of a slice under the kernel's accumulation: promoted per scale group
 // (tile_k_loop, the default) or rescaled (tile_k_loop_rescaled, opt-in).
-template <bool kRescaled, int kWaveN, int kWaves, int kClusterM, bool kARegs, int kScaleShift, int BLOCK_M,
-          int BLOCK_N, int kStages, int kGroupSize, int kSaCols>
+template <bool kRescaled, int kWaveN, int kWaves, int kClusterM, int kScaleShift, int BLOCK_M, int BLOCK_N,
+          int kStages, int kGroupSize, int kSaCols>
 __device__ __forceinline__ void slice_k_loop(const MainloopParams& p,
                                              const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize, kSaCols>& smem,
                                              RingCursor<kStages>& ring, const Tile& t, u32 wg, u32 a_off, u32 b_off,
                                              float (&sum)[kWaves][kWaveN / 2]) {
     if constexpr (kRescaled) {
-        static_assert(!kARegs, "the rescaled loop reads A from shared memory");
         tile_k_loop_rescaled<kWaveN, kWaves, kClusterM, kScaleShift>(p, smem, ring, wg, a_off, b_off, sum);
     } else {
-        tile_k_loop<kWaveN, kWaves, kClusterM, kARegs, kScaleShift>(p, smem, ring, t, wg, a_off, b_off, sum);
+        tile_k_loop<kWaveN, kWaves, kClusterM, kScaleShift>(p, smem, ring, t, wg, a_off, b_off, sum);
     }
 }
 
-// v6: the K loop of a one-wave slice (64 rows x 128 columns) with each scale group's promotion
-// hidden behind the next group's wgmmas. Two accumulator sets alternate: group u + 1 is issued
-// into one before group u's wgmmas are waited for (wait_group 1) and promoted from the other, so
-// the tensor cores have this warpgroup's work queued while it runs the promotion FFMAs. A stage
-// is released once the wgmmas of its last group complete, one group later than in tile_k_loop.
-// Registers: 64 (sum) + 2 x 64 (accumulators), as many as tile_k_loop's two waves.
-template <int kClusterM, int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize>
-struct PipelinedKLoop {
-    static_assert(kClusterM == 1, "v6 runs on single CTAs");
-    using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>;
-    using Mma = Fp8Mma;
-    static constexpr int kScaleCols = Layout::kScaleCols;
-    static constexpr int kMmaPerGroup = kGroupSize / Mma::kK;
-
-    const MainloopParams& p;
-    const Layout& smem;
-    RingCursor<kStages>& ring;
-    float (&sum)[Mma::kAccum];
-    u32 a_off, b_off, r_lo, kb = 0;
-    const float* sb_row;  // the tile's weight scales, staged in shared memory (TileWeightScales)
-    float acc[2][Mma::kAccum];
-    float sa_lo[kScaleCols], sa_hi[kScaleCols], sb = 0.0f;
-    // The group whose wgmmas are in flight: its scales, and the stage it was the last reader of.
-    float prev_lo = 0.0f, prev_hi = 0.0f;
-    bool prev_releases = false;
-    int prev_stage = 0;
-
-    // Issues scale group kG of the current K block into acc[kBuf], then waits for and promotes
-    // the previous group (acc[1 - kBuf]) while these wgmmas run.
-    template <int kBuf, int kG, bool kHasPrev>
-    __device__ __forceinline__ void group() {
-        if constexpr (kG == 0) {
-            sb = sb_row[kb];
-            wait_full();
-            const float* sa = smem.sa(ring.stage);
-#pragma unroll
-            for (int g = 0; g < kScaleCols; ++g) {
-                sa_lo[g] = sa[g * BLOCK_M + r_lo];
-                sa_hi[g] = sa[g * BLOCK_M + r_lo + 8];
-            }
-        }
-        const u8* a_tile = smem.a(ring.stage) + a_off * Layout::kBlockK;
-        const u8* b_tile = smem.b(ring.stage) + b_off * Layout::kBlockK;
-#pragma unroll
-        for (int i = 0; i < Mma::kAccum; ++i) wgmma_fence_operand(acc[kBuf][i]);
-        wgmma_fence();
-#pragma unroll
-        for (int j = 0; j < kMmaPerGroup; ++j) {
-            const u32 k_bytes = (kG * kMmaPerGroup + j) * Mma::kK;
-            Mma::mma(smem_desc_k_major_sw128(a_tile, k_bytes), smem_desc_k_major_sw128(b_tile, k_bytes),
-                     acc[kBuf], j > 0);
-        }
-        wgmma_commit();
-#pragma unroll
-        for (int i = 0; i < Mma::kAccum; ++i) wgmma_fence_operand(acc[kBuf][i]);
-        if constexpr (kHasPrev) {
-            wgmma_wait<1>();
-            promote<1 - kBuf>();
-        }
-        prev_lo = sa_lo[kG] * sb;
-        prev_hi = sa_hi[kG] * sb;
-        prev_releases = kG == kScaleCols - 1;
-        prev_stage = ring.stage;
-        if constexpr (kG == kScaleCols - 1) {
-            ring.advance();
-            ++kb;
-        }
-    }
-
-    // The stage's full-barrier wait, with the previous group's wgmmas in flight: the expiry
-    // path waits for them itself before it exits, or ptxas would insert that wait on its own
-    // and serialize every wgmma of the kernel (C7518); aligned wgmma.wait_group needs the whole
-    // warp, hence the per-warp wait.
-    __device__ __forceinline__ void wait_full() {
-        mbarrier_wait_warp(smem.full(ring.stage), ring.phase,
-                           reinterpret_cast<comm::WaitRecord*>(p.error), p.timeout_ns, kWaitFull,
-                           [] { wgmma_wait<0>(); });
-    }
-
-    // Folds the completed group in acc[kBuf] into the sum and releases its stage if it was the
-    // stage's last reader.
-    template <int kBuf>
-    __device__ __forceinline__ void promote() {
-#pragma unroll
-        for (int i = 0; i < Mma::kAccum; ++i) wgmma_fence_operand(acc[kBuf][i]);
-        ptx::mbarrier_arrive_if(smem.empty(prev_stage), prev_releases && threadIdx.x % 32 == 0);
-#pragma unroll
-        for (int i = 0; i < Mma::kAccum; ++i) {
-            sum[i] = fmaf(acc[kBuf][i], (i & 2) ? prev_hi : prev_lo, sum[i]);
-        }
-    }
-
-    __device__ __forceinline__ void run(u32 k_blocks) {
-#pragma unroll
-        for (int i = 0; i < Mma::kAccum; ++i) sum[i] = 0.0f;
-        // Group u goes to acc[u % 2]: group 0, the pairs (1, 2), (3, 4), ..., and for an even
-        // count a last group into acc[1]. Every branch here is uniform and outside the groups.
-        const u32 groups = k_blocks * kScaleCols;
-        group<0, 0, false>();
-        u32 u = 1;
-        for (; u + 1 < groups; u += 2) {
-            group<1, 1 % kScaleCols, true>();
-            group<0, 0, true>();
-        }
-        if (u < groups) {
-            group<1, 1 % kScaleCols, true>();
-            wgmma_wait<0>();
-            promote<1>();
-        } else {
-            wgmma_wait<0>();
-            promote<0>();
-        }
-    }
-};
-
-template <int kClusterM, int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize>
-__device__ __forceinline__ void tile_k_loop_pipelined(
-    const MainloopParams& p, const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>& smem,
-    RingCursor<kStages>& ring, u32 wg, u32 a_off, u32 b_off, float (&sum)[1][Fp8Mma::kAccum]) {
-    using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>;
-    PipelinedKLoop<kClusterM, BLOCK_M, BLOCK_N, kStages, kGroupSize> loop{
-        p, smem, ring, sum[0], a_off, b_off,
-        a_off + (threadIdx.x / 32) % 4 * 16 + threadIdx.x % 32 / 4, 0, smem.scale_b(wg)};
-    loop.run(p.k / Layout::kBlockK);
-}
-
-template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, int kClusterM, bool kARegs,
-          bool kPipelined, bool kRescaled, typename Scheduler, typename Epilogue>
+template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, int kClusterM, bool kRescaled,
+          typename Scheduler, typename Epilogue>
 __device__ void wgmma_consumer(const MainloopParams& p, const typename Scheduler::Params& sched_params,
                                const Epilogue& epi,
                                const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>& smem,
@@ -539,19 +392,15 @@ __device__ void wgmma_consumer(const MainloopParams& p, const typename Scheduler
     while (more) {
         scales.stage(smem.scale_b(wg), wg);
         float sum[kWaves][kWaveN / 2];
-        if constexpr (kPipelined) {
-            static_assert(kWaves == 1 && kWaveN == 128 && !kARegs && !kRescaled,
-                          "v6 runs one-wave 128-column slices, A from shared memory, promoted");
-            tile_k_loop_pipelined<kClusterM>(p, smem, ring, wg, a_off, b_off, sum);
-        } else if constexpr (kWaveN == 192) {
+        if constexpr (kWaveN == 192) {
             // 192-column tiles start 0 or 64 columns into a weight scale block, alternately.
             if (t.n0 % 128 != 0) {
-                slice_k_loop<kRescaled, kWaveN, kWaves, kClusterM, kARegs, 64>(p, smem, ring, t, wg, a_off, b_off, sum);
+                slice_k_loop<kRescaled, kWaveN, kWaves, kClusterM, 64>(p, smem, ring, t, wg, a_off, b_off, sum);
             } else {
-                slice_k_loop<kRescaled, kWaveN, kWaves, kClusterM, kARegs, 0>(p, smem, ring, t, wg, a_off, b_off, sum);
+                slice_k_loop<kRescaled, kWaveN, kWaves, kClusterM, 0>(p, smem, ring, t, wg, a_off, b_off, sum);
             }
         } else {
-            slice_k_loop<kRescaled, kWaveN, kWaves, kClusterM, kARegs, 0>(p, smem, ring, t, wg, a_off, b_off, sum);
+            slice_k_loop<kRescaled, kWaveN, kWaves, kClusterM, 0>(p, smem, ring, t, wg, a_off, b_off, sum);
         }
         // The next tile's scales load while this one's epilogue runs.
         Tile next;

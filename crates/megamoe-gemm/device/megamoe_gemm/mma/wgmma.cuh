@@ -1,5 +1,4 @@
-// wgmma wrappers (PTX ISA 9.7.15): FP8 e4m3 x e4m3 -> f32, B in shared memory, A in shared
-// memory or registers.
+// wgmma wrappers (PTX ISA 9.7.15): FP8 e4m3 x e4m3 -> f32, both operands in shared memory.
 #pragma once
 #include <megamoe/common.cuh>
 
@@ -55,24 +54,6 @@ struct WgmmaM64N128K32E4M3 : WgmmaShape<128> {
             "}\n"
             : MEGAMOE_WGMMA_D64(d)
             : "l"(desc_a), "l"(desc_b), "r"(static_cast<u32>(accumulate)));
-    }
-
-    // The same with A from registers: this thread's four b32 of the m64k32 fragment (rows
-    // 16w + l/4 and +8 of warp w, lane l; bytes 4(l%4)..+3 and 16 + that), as ldmatrix.x4
-    // leaves them.
-    __device__ __forceinline__ static void mma(const u32 (&a)[4], u64 desc_b, float (&d)[kAccum],
-                                               bool accumulate) {
-        asm volatile(
-            "{\n"
-            ".reg .pred p;\n"
-            "setp.ne.b32 p, %69, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3\n"
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
-            "{%64, %65, %66, %67}, %68, p, 1, 1;\n"
-            "}\n"
-            : MEGAMOE_WGMMA_D64(d)
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b),
-              "r"(static_cast<u32>(accumulate)));
     }
 };
 

@@ -249,8 +249,8 @@ def get_symm_buffer_for_mega_moe(group: ProcessGroup | None, num_experts: int, n
     rule, and results do not depend on it. ``accumulation`` (megamoe's keyword-only addition to
     DeepGEMM's signature):
     "per-block" (the default, SPEC §3: error flat in the hidden size) or "rescaled" (the running
-    sum kept in the tensor cores' accumulator, as DeepGEMM's fused kernel does: faster, its
-    error growing with the hidden size; see :class:`megamoe.MoELayer`). Bad arguments raise
+    sum kept in the tensor cores' accumulator, as DeepGEMM's fused kernel does: its error
+    growing with the hidden size; see :class:`megamoe.MoELayer`). Bad arguments raise
     ValueError naming them."""
     if not isinstance(num_max_tokens_per_rank, int) or num_max_tokens_per_rank < 0:
         raise ValueError(f"num_max_tokens_per_rank: {num_max_tokens_per_rank!r} must be a count")

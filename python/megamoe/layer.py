@@ -69,7 +69,7 @@ class MoELayer:
     the optional SwiGLU clamp; ``accumulation``: how both GEMMs sum over K, "per-block" (the
     default: each 128-wide K block is promoted into an f32 sum, SPEC §3, error flat in H) or
     "rescaled" (opt-in: the running sum stays in the tensor cores' accumulator and is rescaled
-    per block, as the seed kernel does: faster at prefill sizes, its error growing with H; both
+    per block, as the seed kernel does: its error growing with H, and no faster here; both
     modes measured in docs/PYTHON.md, "Accumulation"). Both kinds give the same bits in either
     mode.
 

@@ -208,7 +208,7 @@ pub fn accumulation(text: &str) -> Result<Accumulation, String> {
 /// The help of every `--accumulation` flag: the trade, said where it is chosen.
 pub const ACCUMULATION_HELP: &str = "How the GEMMs sum over K: per-block (default: each \
     128-wide K block promoted into an f32 sum, SPEC §3) or rescaled (the running sum kept in \
-    the tensor cores' accumulator: faster, error growing with K; opt-in)";
+    the tensor cores' accumulator, as the seed kernel does: error growing with K, no faster here; opt-in)";
 
 /// The SwiGLU clamp: positive and finite (what the GPU layer takes).
 pub fn clamp(text: &str) -> Result<f32, String> {

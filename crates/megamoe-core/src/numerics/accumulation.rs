@@ -13,19 +13,20 @@ use crate::error::{Error, Result};
 /// [`Accumulation::Rescaled`], opt-in, keeps the running sum in the tensor cores' accumulator
 /// itself and rescales it in place by the ratio of consecutive blocks' scales (the seed
 /// kernel's way). It needs one register set instead of two, which lets each math warpgroup
-/// keep one wave's wgmmas queued while it rescales the other, so the K loop runs faster; but
-/// the tensor cores' accumulation truncates the whole running sum at every wgmma, so the error
-/// grows with K. The output is deterministic in both modes, and the fused and split forms of
+/// keep one wave's wgmmas queued while it rescales the other; but the tensor cores'
+/// accumulation truncates the whole running sum at every wgmma, so the error grows with K. The output is deterministic in both modes, and the fused and split forms of
 /// the layer give the same bits as each other in each mode; the two modes' bits differ.
 /// Measured on an H200 (docs/PYTHON.md, "Accumulation", has the table): SPEC §3's diff against
 /// the CPU reference 9.2e-6 (per-block) and 8.0e-5 (rescaled) on flash, 9.1e-6 and 1.2e-4 on
-/// pro, 9.3e-6 and 7.9e-5 on glm; and rescaled no faster than per-block there.
+/// pro, 9.3e-6 and 7.9e-5 on glm; and rescaled no faster than per-block there (the K loop is
+/// bound by the tensor cores, and the other warpgroup already hides the promotion: docs/PERF.md).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Accumulation {
     /// Each K block promoted into a separate f32 sum (SPEC §3 step 1).
     #[default]
     PerBlock,
-    /// The running sum kept in the accumulator, rescaled per K block: faster, less accurate.
+    /// The running sum kept in the accumulator, rescaled per K block: the seed kernel's
+    /// numerics, less accurate.
     Rescaled,
 }
 

@@ -150,26 +150,18 @@ __device__ void produce(const FusedParams& p, const FusedProbe& probe, const L1S
             trace = task_trace(r, probe.trace, i);
             trace->kind = kind;
             trace->block = b;
+            trace->wait_start = ptx::globaltimer_ns();
         }
-        // The task's first weight tiles are requested before its rows are awaited (an L1 task's
-        // pulled rows, an L2 task's L1 outputs), so the weight stream goes on meanwhile.
-        auto rows_ready = [&](const u32* flag, u32 target, FusedWait id) {
-            if (trace != nullptr) trace->wait_start = ptx::globaltimer_ns();
-            if (!wait_flag(r, flag, target, id, b)) return false;
-            if (trace != nullptr) trace->wait_end = ptx::globaltimer_ns();
-            return true;
-        };
         if (kind == kL1) {
             // The L1 frontier: the pull of block b + pull_ahead may start.
             if (n == 0) reinterpret_cast<volatile u32*>(&flags[b].l1_started)[0] = 1;
-            if (!gemm::load_tile_weights_first<false, 1>(p.l1, t, 0, s1, ring, [&] {
-                    return rows_ready(&flags[b].rows_pulled, t.rows_valid, kWaitRowsPulled);
-                }))
-                return;
+            if (!wait_flag(r, &flags[b].rows_pulled, t.rows_valid, kWaitRowsPulled, b)) return;
+            if (trace != nullptr) trace->wait_end = ptx::globaltimer_ns();
+            gemm::load_tile<false, 1>(p.l1, t, 0, s1, ring);
         } else {
-            if (!gemm::load_tile_weights_first<false, 1>(
-                    p.l2, t, 0, s2, ring, [&] { return rows_ready(&flags[b].l1_done, 2 * r.n1, kWaitL1Done); }))
-                return;
+            if (!wait_flag(r, &flags[b].l1_done, 2 * r.n1, kWaitL1Done, b)) return;
+            if (trace != nullptr) trace->wait_end = ptx::globaltimer_ns();
+            gemm::load_tile<false, 1>(p.l2, t, 0, s2, ring);
         }
         if (trace != nullptr) trace->issued = ptx::globaltimer_ns();
     }

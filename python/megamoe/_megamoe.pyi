@@ -28,6 +28,7 @@ def get_symm_buffer_size(
     clamp: float | None = None,
     *,
     group: int | None = None,
+    accumulation: str | None = None,
 ) -> dict[str, int]: ...
 def presets() -> dict[str, tuple[int, int, int, int]]: ...
 def reference_forward(

@@ -21,7 +21,7 @@ class Native:
         self.ranks, self.kind, self.calls = ranks, kind, []
 
     def spec(self):
-        return (2, 16, 64, K, H, 128, self.kind, 128, None)
+        return (2, 16, 64, K, H, 128, self.kind, 128, None, "per-block")
 
     def local_ranks(self):
         return self.ranks

@@ -4,6 +4,7 @@ measured (same N, K and per-expert group sizes) and prints both side by side wit
 
 usage: bench_gemm_torch.py RESULTS.jsonl
 """
+
 import json
 import sys
 
@@ -60,12 +61,16 @@ def main():
         t = timed[key]
         flops = 2.0 * sum(c["group_sizes"]) * c["n"] * c["k"]
         rows.append((c, t, flops / (t * 1e-6) / 1e12))
-    print("| shape | layout | rows/expert | megamoe µs | TFLOP/s | floor µs | ×floor | DeepGEMM µs | torch µs | torch TFLOP/s | megamoe / torch |")
+    print(
+        "| shape | layout | rows/expert | megamoe µs | TFLOP/s | floor µs | ×floor | DeepGEMM µs | torch µs | torch TFLOP/s | megamoe / torch |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for c, t, tf in rows:
-        print(f"| {c['shape']} | {c['layout']} {c.get('pad') or ''} | {c['rows_per_expert']} | {c['median_us']:.1f} | {c['tflops']:.0f} | "
-              f"{c['floor_us']:.1f} | {c['median_us'] / c['floor_us']:.2f} | {c['deepgemm_us']} | {t:.1f} | {tf:.0f} | "
-              f"{c['median_us'] / t:.2f} |")
+        print(
+            f"| {c['shape']} | {c['layout']} {c.get('pad') or ''} | {c['rows_per_expert']} | {c['median_us']:.1f} | {c['tflops']:.0f} | "
+            f"{c['floor_us']:.1f} | {c['median_us'] / c['floor_us']:.2f} | {c['deepgemm_us']} | {t:.1f} | {tf:.0f} | "
+            f"{c['median_us'] / t:.2f} |"
+        )
 
 
 if __name__ == "__main__":

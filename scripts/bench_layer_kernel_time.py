@@ -25,8 +25,8 @@ import tempfile
 import torch
 
 import megamoe
-from megamoe.ep import quantize_fp8
 from megamoe import torch_reference as ref
+from megamoe.ep import quantize_fp8
 
 PRESETS = {"flash": (4096, 2048, 32, 6), "pro": (7168, 3072, 48, 6)}
 
@@ -36,8 +36,14 @@ def kernel_time_us(trace_path):
     the call starts inside it): the summed kernel durations, µs."""
     with open(trace_path) as f:
         events = json.load(f)["traceEvents"]
-    calls = sorted((e for e in events if e.get("name", "").startswith("call_") and e.get("ph") == "X"
-                    and e.get("cat") == "user_annotation"), key=lambda e: e["ts"])
+    calls = sorted(
+        (
+            e
+            for e in events
+            if e.get("name", "").startswith("call_") and e.get("ph") == "X" and e.get("cat") == "user_annotation"
+        ),
+        key=lambda e: e["ts"],
+    )
     kernels = [e for e in events if e.get("cat") == "kernel"]
     out = []
     for c in calls:
@@ -62,12 +68,15 @@ def main():
     weights = ref.random_weights(experts, hidden, inter, generator=gen)
     layers = {}
     for kind in kinds:
-        layers[kind] = megamoe.get_symm_buffer_for_mega_moe(1, experts, 8192, topk, hidden, inter, kind=kind,
-                                                            accumulation=args.accumulation)
+        layers[kind] = megamoe.get_symm_buffer_for_mega_moe(
+            1, experts, 8192, topk, hidden, inter, kind=kind, accumulation=args.accumulation
+        )
         layers[kind].load_weights(*weights)
-    print(f"{args.preset} ({experts} experts), one rank, buffers for 8192 tokens, FP8 input, "
-          f"{args.accumulation} accumulation; "
-          f"median of {args.calls} calls, µs; L2 flush {args.flush_gb:g} GB")
+    print(
+        f"{args.preset} ({experts} experts), one rank, buffers for 8192 tokens, FP8 input, "
+        f"{args.accumulation} accumulation; "
+        f"median of {args.calls} calls, µs; L2 flush {args.flush_gb:g} GB"
+    )
     print(f"{'tokens':>6} {'kind':>6} {'kernel us':>10}")
     for tokens in tokens_list:
         x, idx, w = ref.random_batch(tokens, hidden, experts, topk, generator=gen)
@@ -83,8 +92,9 @@ def main():
             for _ in range(2):
                 layer.forward(xq, idx, w)
             torch.cuda.synchronize()
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA,
-                                                    torch.profiler.ProfilerActivity.CPU]) as prof:
+            with torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CUDA, torch.profiler.ProfilerActivity.CPU]
+            ) as prof:
                 for i in range(args.calls):
                     if args.flush_gb > 0:
                         torch.empty(int(args.flush_gb * 1e9) // 4, dtype=torch.int, device="cuda").zero_()

@@ -74,9 +74,7 @@ def init_parallel():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("nccl")
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=1, expert_model_parallel_size=world_size()
-        )
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, expert_model_parallel_size=world_size())
     model_parallel_cuda_manual_seed(123)
 
 
@@ -133,8 +131,10 @@ def count_calls():
     Megatron inspects for the fused flags)."""
     from megamoe.compat.hybrid_ep import HybridEPBuffer
 
-    for name, flag, backward in (("dispatch_with_permute", "fuse_permute_dispatch", "handle"),
-                                 ("combine_with_unpermute", "fuse_unpermute_combine", "probs")):
+    for name, flag, backward in (
+        ("dispatch_with_permute", "fuse_permute_dispatch", "handle"),
+        ("combine_with_unpermute", "fuse_unpermute_combine", "probs"),
+    ):
         orig = getattr(HybridEPBuffer, name)
 
         def wrapper(self, *a, _orig=orig, _name=name, _flag=flag, _backward=backward, **kw):
@@ -149,8 +149,7 @@ def calls_seen(fused, at_least):
     """Whether each of the four calls (dispatch and combine, forward and backward) came at least
     `at_least` times with the fused flag `fused` and none came without it; logs the counts."""
     log("    megamoe buffer calls:", {f"{m} {d} fused={f}": n for (m, d, f), n in sorted(CALLS.items())})
-    want = [(m, d, fused) for m in ("dispatch_with_permute", "combine_with_unpermute")
-            for d in ("forward", "backward")]
+    want = [(m, d, fused) for m in ("dispatch_with_permute", "combine_with_unpermute") for d in ("forward", "backward")]
     return all(CALLS[w] >= at_least for w in want) and sum(CALLS.values()) == sum(CALLS[w] for w in want)
 
 
@@ -204,17 +203,28 @@ def check_containers():
         for test in ("dispatcher_dropless_test", "dispatcher_capacity_test"):
             extra = {}
             if test == "dispatcher_capacity_test":
-                extra = dict(moe_token_drop_policy="probs", moe_expert_capacity_factor=0.5,
-                             moe_pad_expert_input_to_capacity=False)
+                extra = dict(
+                    moe_token_drop_policy="probs",
+                    moe_expert_capacity_factor=0.5,
+                    moe_pad_expert_input_to_capacity=False,
+                )
             CALLS.clear()
             t0 = time.time()
             error = None
             try:
                 container = MoEModelTestContainer(
-                    tp_size=1, ep_size=ep, pp_size=1, num_moe_experts=8, moe_router_topk=2,
-                    moe_router_load_balancing_type="aux_loss", moe_token_dispatcher_type="flex",
-                    moe_permute_fusion=False, hidden_size=1024, moe_flex_dispatcher_backend="hybridep",
-                    test_dtype=torch.bfloat16, **extra,
+                    tp_size=1,
+                    ep_size=ep,
+                    pp_size=1,
+                    num_moe_experts=8,
+                    moe_router_topk=2,
+                    moe_router_load_balancing_type="aux_loss",
+                    moe_token_dispatcher_type="flex",
+                    moe_permute_fusion=False,
+                    hidden_size=1024,
+                    moe_flex_dispatcher_backend="hybridep",
+                    test_dtype=torch.bfloat16,
+                    **extra,
                 )
                 # The container drops moe_permute_fusion_into_hybridep into **kwargs: the layer
                 # is rebuilt with it so the fused flags really reach the buffer.
@@ -226,9 +236,16 @@ def check_containers():
             fa.reset_hybrid_ep_buffer()
             if error is None and not calls_seen(fused, 1):
                 error = f"megamoe's buffer did not see the four calls with fused={fused}: {dict(CALLS)}"
-            results.append(dict(test=test, fused=fused, ok=error is None, error=error,
-                                seconds=round(time.time() - t0, 2),
-                                calls={" ".join(map(str, k)): n for k, n in CALLS.items()}))
+            results.append(
+                dict(
+                    test=test,
+                    fused=fused,
+                    ok=error is None,
+                    error=error,
+                    seconds=round(time.time() - t0, 2),
+                    calls={" ".join(map(str, k)): n for k, n in CALLS.items()},
+                )
+            )
             log(f"container {test} fused={fused}: {'ok' if error is None else 'FAIL ' + error}")
     write("containers.json", results)
     return all(r["ok"] for r in results)
@@ -256,8 +273,10 @@ def check_parity():
     torch.manual_seed(1234 + rank())
     rows = []
     ok = True
-    cases = [("dropless", {}),
-             ("drop_and_pad", dict(moe_expert_capacity_factor=1.0, moe_pad_expert_input_to_capacity=True))]
+    cases = [
+        ("dropless", {}),
+        ("drop_and_pad", dict(moe_expert_capacity_factor=1.0, moe_pad_expert_input_to_capacity=True)),
+    ]
     hidden, experts, topk, ffn, tokens = 1024, 8, 2, 2048, 2048
     for name, extra in cases:
         for fused in (True, False):
@@ -284,9 +303,11 @@ def check_parity():
                 entry["missing_grads"] = missing
             ok &= entry["ok"]
             rows.append(entry)
-            log(f"parity {name} fused={fused}: output max|d| {entry['output'][0]:.3g} rel {entry['output'][1]:.3g}; "
+            log(
+                f"parity {name} fused={fused}: output max|d| {entry['output'][0]:.3g} rel {entry['output'][1]:.3g}; "
                 f"input grad rel {entry['input_grad'][1]:.3g}; worst param grad rel "
-                f"{max(v[1] for v in entry['params'].values()):.3g} over {len(entry['params'])} params")
+                f"{max(v[1] for v in entry['params'].values()):.3g} over {len(entry['params'])} params"
+            )
             for n, (mx, rel) in entry["params"].items():
                 log(f"    {n}: max|d| {mx:.3g} rel {rel:.3g}")
             del ref, mm
@@ -304,16 +325,32 @@ def gpt(dispatcher, seed, args):
     model_parallel_cuda_manual_seed(seed)
     flex = dispatcher == "flex"
     config = TransformerConfig(
-        num_layers=args.layers, hidden_size=512, num_attention_heads=8, ffn_hidden_size=1024,
-        num_moe_experts=8, moe_router_topk=2, moe_router_load_balancing_type="aux_loss",
-        moe_aux_loss_coeff=1e-2, moe_router_dtype="fp32", moe_token_dispatcher_type=dispatcher,
-        moe_flex_dispatcher_backend="hybridep" if flex else "deepep", moe_permute_fusion_into_hybridep=flex,
-        expert_model_parallel_size=world_size(), add_bias_linear=False, bf16=True,
-        params_dtype=torch.bfloat16, use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0,
+        num_layers=args.layers,
+        hidden_size=512,
+        num_attention_heads=8,
+        ffn_hidden_size=1024,
+        num_moe_experts=8,
+        moe_router_topk=2,
+        moe_router_load_balancing_type="aux_loss",
+        moe_aux_loss_coeff=1e-2,
+        moe_router_dtype="fp32",
+        moe_token_dispatcher_type=dispatcher,
+        moe_flex_dispatcher_backend="hybridep" if flex else "deepep",
+        moe_permute_fusion_into_hybridep=flex,
+        expert_model_parallel_size=world_size(),
+        add_bias_linear=False,
+        bf16=True,
+        params_dtype=torch.bfloat16,
+        use_cpu_initialization=True,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
     )
     spec = get_gpt_layer_local_spec(num_experts=8, moe_grouped_gemm=False)
-    model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=args.vocab,
-                     max_sequence_length=args.seq).cuda().to(torch.bfloat16)
+    model = (
+        GPTModel(config=config, transformer_layer_spec=spec, vocab_size=args.vocab, max_sequence_length=args.seq)
+        .cuda()
+        .to(torch.bfloat16)
+    )
     return model
 
 
@@ -356,27 +393,54 @@ def check_train():
     args = ARGS
     data = batches(args, args.steps)
     runs, through = {}, {}
-    for label, dispatcher, seed in (("flex_megamoe", "flex", 1), ("alltoall", "alltoall", 1),
-                                    ("alltoall_seed2", "alltoall", 2)):
+    for label, dispatcher, seed in (
+        ("flex_megamoe", "flex", 1),
+        ("alltoall", "alltoall", 1),
+        ("alltoall_seed2", "alltoall", 2),
+    ):
         CALLS.clear()
         losses, secs = train(dispatcher, seed, data, args)
         runs[label] = losses
         # Every MoE layer of every step went through megamoe's buffer (flex), or none (alltoall).
-        through[label] = (calls_seen(True, args.steps * args.layers) if dispatcher == "flex"
-                          else sum(CALLS.values()) == 0)
+        through[label] = (
+            calls_seen(True, args.steps * args.layers) if dispatcher == "flex" else sum(CALLS.values()) == 0
+        )
         log(f"train {label}: {len(losses)} steps in {secs:.1f} s; loss {losses[0]:.4f} -> {losses[-1]:.4f}")
     diff = [abs(a - b) for a, b in zip(runs["flex_megamoe"], runs["alltoall"])]
     noise = [abs(a - b) for a, b in zip(runs["alltoall_seed2"], runs["alltoall"])]
     tail = max(5, args.steps // 5)
-    summary = dict(steps=args.steps, max_abs_diff=max(diff), mean_abs_diff_last=statistics.mean(diff[-tail:]),
-                   seed_noise_mean_abs_diff_last=statistics.mean(noise[-tail:]),
-                   final={k: v[-1] for k, v in runs.items()}, calls_as_expected=through)
+    summary = dict(
+        steps=args.steps,
+        max_abs_diff=max(diff),
+        mean_abs_diff_last=statistics.mean(diff[-tail:]),
+        seed_noise_mean_abs_diff_last=statistics.mean(noise[-tail:]),
+        final={k: v[-1] for k, v in runs.items()},
+        calls_as_expected=through,
+    )
     log("train summary:", summary)
-    write("train_losses.json", dict(config=dict(layers=args.layers, hidden=512, experts=8, topk=2, seq=args.seq,
-                                                batch=args.batch, vocab=args.vocab, lr=args.lr),
-                                    losses=runs, summary=summary))
+    write(
+        "train_losses.json",
+        dict(
+            config=dict(
+                layers=args.layers,
+                hidden=512,
+                experts=8,
+                topk=2,
+                seq=args.seq,
+                batch=args.batch,
+                vocab=args.vocab,
+                lr=args.lr,
+            ),
+            losses=runs,
+            summary=summary,
+        ),
+    )
     learned = runs["flex_megamoe"][-1] < runs["flex_megamoe"][0] - 0.5
-    return learned and all(through.values()) and summary["mean_abs_diff_last"] <= max(2 * summary["seed_noise_mean_abs_diff_last"], 0.05)
+    return (
+        learned
+        and all(through.values())
+        and summary["mean_abs_diff_last"] <= max(2 * summary["seed_noise_mean_abs_diff_last"], 0.05)
+    )
 
 
 def host_us(calls, iters=25, warmup=5):
@@ -413,21 +477,27 @@ def check_speed():
     cells = [(4096, 8, 2), (4096, 32, 8), (8192, 8, 2), (8192, 32, 8)]
     if ARGS.quick:
         cells = cells[:1]
+
     def layer_arms(tokens, experts, topk):
         """The layer with both dispatchers, same weights (flex also with every SM for megamoe),
         and one step of each on the same input."""
         layers = {}
         for d in ("alltoall", "flex"):
             layers[d] = moe_layer(moe_config(d, hidden, experts, topk, ffn))
-        layers["flex_allsms"] = moe_layer(moe_config("flex", hidden, experts, topk, ffn, moe_flex_dispatcher_num_sms=all_sms))
+        layers["flex_allsms"] = moe_layer(
+            moe_config("flex", hidden, experts, topk, ffn, moe_flex_dispatcher_num_sms=all_sms)
+        )
         layers["flex"].load_state_dict(layers["alltoall"].state_dict())
         layers["flex_allsms"].load_state_dict(layers["alltoall"].state_dict())
         x = torch.randn(tokens, 1, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         g = torch.randn_like(x)
 
         def step(d):
-            if d != "alltoall" and fa._hybrid_ep_buffer is not None and fa._hybrid_ep_buffer.num_sms != (
-                    all_sms if d == "flex_allsms" else None):
+            if (
+                d != "alltoall"
+                and fa._hybrid_ep_buffer is not None
+                and fa._hybrid_ep_buffer.num_sms != (all_sms if d == "flex_allsms" else None)
+            ):
                 # One buffer at a time (Megatron's is global): the arm's own SM count.
                 fa.reset_hybrid_ep_buffer()
             out, _ = layers[d](x)
@@ -461,18 +531,32 @@ def check_speed():
             xr = xs.detach().requires_grad_(True)
             pr = probs0.detach().requires_grad_(True)
             permuted, pprobs, idx, _, _ = moe_utils.permute(xr, routing_map, probs=pr, num_out_tokens=n_out)
-            out = moe_utils.unpermute((permuted * pprobs.unsqueeze(-1)).to(torch.bfloat16), idx, xr.shape,
-                                      routing_map=routing_map)
+            out = moe_utils.unpermute(
+                (permuted * pprobs.unsqueeze(-1)).to(torch.bfloat16), idx, xr.shape, routing_map=routing_map
+            )
             out.backward(gy)
 
         def megamoe_loop(bound, sms=None):
             xr = xs.detach().requires_grad_(True)
             pr = probs0.detach().requires_grad_(True)
             rows_, rprobs, _, _, handle = fa.hybrid_ep_dispatch(
-                x=xr, routing_map=routing_map, probs=pr, group=group, num_local_experts=experts // world_size(),
-                fused=True, num_permuted_tokens=bound, num_sms_dispatch_api=sms, num_sms_combine_api=sms)
-            out = fa.hybrid_ep_combine(x=(rows_ * rprobs.unsqueeze(-1)).to(torch.bfloat16), handle=handle,
-                                       num_permuted_tokens=bound, pad_multiple=None, fused=True)
+                x=xr,
+                routing_map=routing_map,
+                probs=pr,
+                group=group,
+                num_local_experts=experts // world_size(),
+                fused=True,
+                num_permuted_tokens=bound,
+                num_sms_dispatch_api=sms,
+                num_sms_combine_api=sms,
+            )
+            out = fa.hybrid_ep_combine(
+                x=(rows_ * rprobs.unsqueeze(-1)).to(torch.bfloat16),
+                handle=handle,
+                num_permuted_tokens=bound,
+                pad_multiple=None,
+                fused=True,
+            )
             out.backward(gy)
 
         bound = n_out if world_size() == 1 else None
@@ -486,9 +570,11 @@ def check_speed():
             from torch.profiler import ProfilerActivity, profile
 
             with open(os.path.join(ARGS.out, "loop_profile.txt"), "w") as f:
-                for name, loop in (("torch permute + unpermute", torch_loop),
-                                   ("megamoe blocking", lambda: megamoe_loop(None)),
-                                   ("megamoe non-blocking", lambda: megamoe_loop(bound))):
+                for name, loop in (
+                    ("torch permute + unpermute", torch_loop),
+                    ("megamoe blocking", lambda: megamoe_loop(None)),
+                    ("megamoe non-blocking", lambda: megamoe_loop(bound)),
+                ):
                     if bound is None and "non-blocking" in name:
                         continue
                     loop()
@@ -516,8 +602,14 @@ def check_speed():
 
             def compat_calls():
                 rows_, _, _, _, h = buf.dispatch_with_permute(
-                    hidden=xs, routing_map=routing_map, probs=probs0, num_of_experts_per_rank=experts,
-                    num_permuted_tokens=bound, non_blocking=True, fuse_permute_dispatch=True)
+                    hidden=xs,
+                    routing_map=routing_map,
+                    probs=probs0,
+                    num_of_experts_per_rank=experts,
+                    num_permuted_tokens=bound,
+                    non_blocking=True,
+                    fuse_permute_dispatch=True,
+                )
                 yield
                 buf.combine_with_unpermute(hidden=rows_, handle=h, fuse_unpermute_combine=True)
 
@@ -546,8 +638,14 @@ def check_speed():
                     torch.cuda.synchronize()
                     prof.enable()
                     r, _, _, _, h = buf.dispatch_with_permute(
-                        hidden=xs, routing_map=routing_map, probs=probs0, num_of_experts_per_rank=experts,
-                        num_permuted_tokens=bound, non_blocking=True, fuse_permute_dispatch=True)
+                        hidden=xs,
+                        routing_map=routing_map,
+                        probs=probs0,
+                        num_of_experts_per_rank=experts,
+                        num_permuted_tokens=bound,
+                        non_blocking=True,
+                        fuse_permute_dispatch=True,
+                    )
                     buf.combine_with_unpermute(hidden=r, handle=h, fuse_unpermute_combine=True)
                     prof.disable()
                 text = io.StringIO()
@@ -561,8 +659,9 @@ def check_speed():
     return True
 
 
-CHECKS = dict(imports=check_imports, containers=check_containers, parity=check_parity, train=check_train,
-              speed=check_speed)
+CHECKS = dict(
+    imports=check_imports, containers=check_containers, parity=check_parity, train=check_train, speed=check_speed
+)
 
 
 def main():

@@ -35,8 +35,26 @@ REQUIRED = {
     "accuracy": ("preset", "hidden", "ranks", "tokens", "kernel", "diff"),
 }
 # What makes two lines the same cell (the later one replaces the earlier).
-CELL = ("bench", "preset", "experts", "ranks", "gpus", "routing", "masked", "tokens", "dtype", "sms",
-        "arm", "kernel", "shape", "layout", "pad", "flush_l2", "rows_per_expert", "timing")
+CELL = (
+    "bench",
+    "preset",
+    "experts",
+    "ranks",
+    "gpus",
+    "routing",
+    "masked",
+    "tokens",
+    "dtype",
+    "sms",
+    "arm",
+    "kernel",
+    "shape",
+    "layout",
+    "pad",
+    "flush_l2",
+    "rows_per_expert",
+    "timing",
+)
 PROXIES = (("flash", 32), ("pro", 48))  # the EP8-rank proxies (SPEC §9)
 TIMING = {
     "events": "CUDA events, calls back to back",
@@ -103,10 +121,18 @@ def series(points):
 
 
 def layer_arm(lines, preset, experts, arm, timing):
-    return {d["tokens"]: d for d in lines
-            if d["bench"] == "layer" and d["preset"] == preset and d["experts"] == experts
-            and d["ranks"] == 1 and d.get("routing", "uniform") == "uniform"
-            and not d.get("masked") and d["arm"] == arm and d["timing"] == timing}
+    return {
+        d["tokens"]: d
+        for d in lines
+        if d["bench"] == "layer"
+        and d["preset"] == preset
+        and d["experts"] == experts
+        and d["ranks"] == 1
+        and d.get("routing", "uniform") == "uniform"
+        and not d.get("masked")
+        and d["arm"] == arm
+        and d["timing"] == timing
+    }
 
 
 def plain_log_y(ax):
@@ -145,8 +171,10 @@ def plot_layer_vs_peers(plt, lines, peers, out, png):
         top, bottom = axes[0][col], axes[1][col]
         floor = {int(t): v for t, v in peers["floor"][preset].items()}
         # megamoe, timed as the peers were when such lines exist
-        for arm, style in (("fused", dict(color="C0", marker="o", lw=2.2)),
-                           ("split", dict(color="C0", marker="s", lw=1.4, ls="--"))):
+        for arm, style in (
+            ("fused", dict(color="C0", marker="o", lw=2.2)),
+            ("split", dict(color="C0", marker="s", lw=1.4, ls="--")),
+        ):
             got = layer_arm(lines, preset, experts, arm, "kernel_l2_flush")
             timing = "kernel_l2_flush"
             if not got:
@@ -159,8 +187,11 @@ def plot_layer_vs_peers(plt, lines, peers, out, png):
             top.plot(xs, [got[x]["median_us"] for x in xs], label=label, **style)
             bottom.plot(xs, [got[x]["median_us"] / got[x]["floor_us"] for x in xs], **style)
             floor.update({x: got[x]["floor_us"] for x in xs})
-        styles = [dict(color="C3", marker="^", lw=1.8), dict(color="C2", marker="v", lw=1.4),
-                  dict(color="0.45", marker="x", lw=1.2, ls=":")]
+        styles = [
+            dict(color="C3", marker="^", lw=1.8),
+            dict(color="C2", marker="v", lw=1.4),
+            dict(color="0.45", marker="x", lw=1.2, ls=":"),
+        ]
         for s, style in zip(peers["layer"], styles):
             if preset not in s:
                 continue
@@ -181,7 +212,9 @@ def plot_layer_vs_peers(plt, lines, peers, out, png):
         tokens_axis(bottom, xs)
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8.5, frameon=False)
-    how = TIMING["kernel_l2_flush"] if timings_used == {"kernel_l2_flush"} else "megamoe: CUDA events; peers: kernel time"
+    how = (
+        TIMING["kernel_l2_flush"] if timings_used == {"kernel_l2_flush"} else "megamoe: CUDA events; peers: kernel time"
+    )
     fig.suptitle(f"MoE layer forward, EP8-rank proxy ({how})", fontsize=11)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     save(fig, "layer-vs-peers", out, png)
@@ -199,14 +232,15 @@ def plot_layer_bench(plt, lines, out, png):
             continue
         drawn = True
         xs = sorted(arms["split"])
-        for arm, label, style in (("fused", "fused", dict(color="C0", marker="o", lw=2.2)),
-                                  ("split", "split", dict(color="C1", marker="s", lw=1.6)),
-                                  ("gemms", "our two GEMMs alone", dict(color="0.5", marker=".", lw=1.0, ls="--"))):
+        for arm, label, style in (
+            ("fused", "fused", dict(color="C0", marker="o", lw=2.2)),
+            ("split", "split", dict(color="C1", marker="s", lw=1.6)),
+            ("gemms", "our two GEMMs alone", dict(color="0.5", marker=".", lw=1.0, ls="--")),
+        ):
             a = arms[arm]
             ax = [x for x in xs if x in a]
             top.plot(ax, [a[x]["median_us"] for x in ax], label=label, **style)
-        top.plot(xs, [arms["split"][x]["floor_us"] for x in xs], color="k", lw=1.0, ls="-.",
-                 label="floor (SPEC §8)")
+        top.plot(xs, [arms["split"][x]["floor_us"] for x in xs], color="k", lw=1.0, ls="-.", label="floor (SPEC §8)")
         plain_log_y(top)
         top.set_ylabel("µs per call (log)")
         top.set_title(f"{preset}, {experts} experts (one EP8 rank on one H200)")
@@ -216,8 +250,14 @@ def plot_layer_bench(plt, lines, out, png):
         if fx:
             ratio = [fused[x]["median_us"] / arms["split"][x]["median_us"] for x in fx]
             bottom.plot(fx, ratio, color="C0", marker="o", label="fused / split")
-            bottom.fill_between(fx, [fused[x]["ratio_min"] for x in fx], [fused[x]["ratio_max"] for x in fx],
-                                color="C0", alpha=0.2, label="per-round band")
+            bottom.fill_between(
+                fx,
+                [fused[x]["ratio_min"] for x in fx],
+                [fused[x]["ratio_max"] for x in fx],
+                color="C0",
+                alpha=0.2,
+                label="per-round band",
+            )
         bottom.axhline(1.0, color="k", lw=1.0)
         bottom.set_ylabel("fused / split")
         bottom.legend(fontsize=8, loc="upper left")
@@ -245,6 +285,7 @@ def plot_dispatch(plt, lines, peers, out, png):
     if not rows:
         return
     sms_default = statistics.mode(d["sms"] for d in rows if d["arm"] == "dispatch_with_permute")
+
     def setting(d):
         return d["preset"], d["ranks"], d.get("gpus"), d["tokens"], d["dtype"]
 
@@ -263,8 +304,13 @@ def plot_dispatch(plt, lines, peers, out, png):
                 continue
             x = i + (j - (len(DISPATCH_ARMS) - 1) / 2) * width
             left.bar(x, d["median_us"], width, color=color, label=label if i == 0 else None)
-            left.plot([x - width / 2, x + width / 2], [d["floor_us"]] * 2, color="k", lw=2,
-                      label="floor (SPEC §8)" if (i, j) == (0, 0) else None)
+            left.plot(
+                [x - width / 2, x + width / 2],
+                [d["floor_us"]] * 2,
+                color="k",
+                lw=2,
+                label="floor (SPEC §8)" if (i, j) == (0, 0) else None,
+            )
     hyb = peers["dispatch"]
     if hyb:
         i = len(settings)
@@ -272,8 +318,9 @@ def plot_dispatch(plt, lines, peers, out, png):
         for k, p in enumerate(hyb):
             for m, (key, color) in enumerate((("dispatch_us", "C0"), ("combine_us", "C1"))):
                 x = i + (2 * k + m - 1.5) * width
-                left.bar(x, p[key], width, color=color, hatch="//" if p["kind"] == "fused" else "..",
-                         edgecolor="k", lw=0.5)
+                left.bar(
+                    x, p[key], width, color=color, hatch="//" if p["kind"] == "fused" else "..", edgecolor="k", lw=0.5
+                )
                 left.text(x, p[key] + 8, p["kind"], rotation=90, ha="center", va="bottom", fontsize=7)
     left.set_xticks(range(len(labels)))
     left.set_xticklabels(labels, fontsize=8)
@@ -298,8 +345,11 @@ def plot_dispatch(plt, lines, peers, out, png):
     right.grid(True, alpha=0.3)
     handles, labels = left.get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=8.5, frameon=False)
-    fig.suptitle("Dispatch and combine with fused permute, median of 20, arms interleaved"
-                 " (floors: black bars, dash-dotted lines)", fontsize=11)
+    fig.suptitle(
+        "Dispatch and combine with fused permute, median of 20, arms interleaved"
+        " (floors: black bars, dash-dotted lines)",
+        fontsize=11,
+    )
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     save(fig, "dispatch", out, png)
 
@@ -311,13 +361,17 @@ def plot_gemm(plt, lines, peers, out, png):
         return
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.8), sharey=True)
     for ax, shape in zip(axes, ("L1", "L2")):
-        for layout, style in (("contiguous", dict(color="C0", marker="o", lw=2.2)),
-                              ("masked", dict(color="C0", marker="D", ls="none", ms=8, mfc="none"))):
+        for layout, style in (
+            ("contiguous", dict(color="C0", marker="o", lw=2.2)),
+            ("masked", dict(color="C0", marker="D", ls="none", ms=8, mfc="none")),
+        ):
             got = {d["rows_per_expert"]: d for d in rows if d.get("shape") == shape and d.get("layout") == layout}
             xs = sorted(got)
             if xs:
                 ax.plot(xs, [got[x]["tflops"] for x in xs], label=f"megamoe, {layout}", **style)
-        for s, style in zip(peers["gemm"], (dict(color="C3", marker="^", lw=1.6), dict(color="0.45", marker="x", lw=1.2, ls=":"))):
+        for s, style in zip(
+            peers["gemm"], (dict(color="C3", marker="^", lw=1.6), dict(color="0.45", marker="x", lw=1.2, ls=":"))
+        ):
             xs, ys = series(s["tflops"].get(shape, {}))
             ax.plot(xs, ys, label=s["name"], **style)
         ax.axhline(1394, color="k", ls="-.", lw=1, label="FP8 dense peak measured (cuBLAS 8192³)")
@@ -328,7 +382,9 @@ def plot_gemm(plt, lines, peers, out, png):
         tokens_axis(ax, xs)
         ax.set_xlabel("rows per expert (mean; 128 local experts)")
     axes[0].legend(fontsize=8, loc="lower right")
-    fig.suptitle("FP8 block-scaled grouped GEMM, flash's shapes, one H200, median of 20 (higher is better)", fontsize=11)
+    fig.suptitle(
+        "FP8 block-scaled grouped GEMM, flash's shapes, one H200, median of 20 (higher is better)", fontsize=11
+    )
     fig.tight_layout()
     save(fig, "gemm", out, png)
 
@@ -346,8 +402,16 @@ def plot_accuracy(plt, lines, peers, out, png):
         lo = [med[i] - min(by_h[h]) for i, h in enumerate(hs)]
         hi = [max(by_h[h]) - med[i] for i, h in enumerate(hs)]
         n = sum(len(v) for v in by_h.values())
-        ax.errorbar(hs, med, yerr=[lo, hi], color="C0", marker="o", capsize=4, ls="none",
-                    label=f"megamoe against its CPU reference (median, min–max of {n} checks)")
+        ax.errorbar(
+            hs,
+            med,
+            yerr=[lo, hi],
+            color="C0",
+            marker="o",
+            capsize=4,
+            ls="none",
+            label=f"megamoe against its CPU reference (median, min–max of {n} checks)",
+        )
     ref = peers["accuracy"]
     for s in ref["series"]:
         if "points" in s:
@@ -355,8 +419,14 @@ def plot_accuracy(plt, lines, peers, out, png):
             ax.plot(xs, ys, color="C3", marker="^", lw=1.8, label=f"{s['name']}, against DeepGEMM's f32 reference")
         if "range" in s:
             r = s["range"]
-            ax.fill_between([r["hidden_min"], r["hidden_max"]], [r["diff_min"]] * 2, [r["diff_max"]] * 2,
-                            color="C0", alpha=0.2, label=f"{s['name']}, against DeepGEMM's f32 reference (range)")
+            ax.fill_between(
+                [r["hidden_min"], r["hidden_max"]],
+                [r["diff_min"]] * 2,
+                [r["diff_max"]] * 2,
+                color="C0",
+                alpha=0.2,
+                label=f"{s['name']}, against DeepGEMM's f32 reference (range)",
+            )
     ax.axhline(1e-4, color="k", ls="-.", lw=1, label="SPEC §3 bound, 1e-4")
     ax.set_xscale("log", base=2)
     ticks = sorted(set(by_h) | {1024, 4096, 7168})

@@ -89,11 +89,10 @@ def kernel_us(graph, calls):
     fused = [k["dur"] for k in kernels if k["name"].startswith("layer_fused")]
     stage = [k["dur"] for k in kernels if k["name"] == "layer_stage"]
     per_step = len(kernels) // calls
-    steps = [sum(k["dur"] for k in kernels[i * per_step:(i + 1) * per_step]) for i in range(calls)]
+    steps = [sum(k["dur"] for k in kernels[i * per_step : (i + 1) * per_step]) for i in range(calls)]
     starts = [kernels[i * per_step]["ts"] for i in range(calls)]
     period = statistics.median(b - a for a, b in zip(starts, starts[1:]))
-    return (period, statistics.median(fused), statistics.median(stage), statistics.median(steps),
-            per_step)
+    return (period, statistics.median(fused), statistics.median(stage), statistics.median(steps), per_step)
 
 
 def measure(preset, tokens, calls):
@@ -118,16 +117,15 @@ def measure(preset, tokens, calls):
     out["fp8_mega_moe_host_us"] = host_us(step, calls)
     out["fp8_mega_moe_idle_host_us"] = host_us(step, max(calls // 4, 10), drain=1)
     layer = buffer.layer
-    out["forward_y_host_us"] = host_us(
-        lambda: layer.forward((qx, sx), idx, w, num_tokens_bound=tokens, y=y), calls)
+    out["forward_y_host_us"] = host_us(lambda: layer.forward((qx, sx), idx, w, num_tokens_bound=tokens, y=y), calls)
     # The native call alone, its arguments prepared once: what the Python checks add on top.
     x_ptr, xsf_ptr, idx_ptr, w_ptr = buffer._staging
     staged = [(tokens, x_ptr, xsf_ptr, idx_ptr, True, w_ptr, y.data_ptr(), None)]
     streams = [torch.cuda.current_stream().cuda_stream]
-    out["native_launch_host_us"] = host_us(
-        lambda: layer._native.launch(staged, tokens, streams), calls)
+    out["native_launch_host_us"] = host_us(lambda: layer._native.launch(staged, tokens, streams), calls)
     out["forward_sync_host_us"] = host_us(
-        lambda: layer.forward((qx, sx), idx, w, num_tokens_bound=tokens), max(calls // 10, 5))
+        lambda: layer.forward((qx, sx), idx, w, num_tokens_bound=tokens), max(calls // 10, 5)
+    )
     layer.check()
 
     graph = torch.cuda.CUDAGraph()
@@ -137,8 +135,13 @@ def measure(preset, tokens, calls):
     out["replay_host_us"] = host_us(graph.replay, calls)
     out["replay_events_us"] = replay_device_us(graph, calls)
     period, fused, stage, every, per_step = kernel_us(graph, min(calls, 50))
-    out.update(replay_period_us=period, fused_kernel_us=fused, stage_kernel_us=stage,
-               step_kernels_us=every, kernels_per_step=per_step)
+    out.update(
+        replay_period_us=period,
+        fused_kernel_us=fused,
+        stage_kernel_us=stage,
+        step_kernels_us=every,
+        kernels_per_step=per_step,
+    )
     out["replay_over_fused_kernel"] = period / fused
     out["replay_over_step_kernels"] = period / every
     layer.check()
@@ -155,22 +158,26 @@ def main():
     for preset in args.presets.split(","):
         rows.append(measure(preset, args.tokens, args.calls))
         torch.cuda.empty_cache()  # the preset's layer and graph are freed once measure returns
-    print("| preset | T | fp8_mega_moe host µs | same, GPU idle | native launch µs | "
-          "forward(y) host µs | forward (sync) µs | "
-          "replay host µs | replay µs (events) | replay period µs | fused kernel µs | "
-          "staging kernel µs | "
-          "step kernels µs (n) | replay / fused kernel | replay / step kernels |")
+    print(
+        "| preset | T | fp8_mega_moe host µs | same, GPU idle | native launch µs | "
+        "forward(y) host µs | forward (sync) µs | "
+        "replay host µs | replay µs (events) | replay period µs | fused kernel µs | "
+        "staging kernel µs | "
+        "step kernels µs (n) | replay / fused kernel | replay / step kernels |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['preset']} | {r['tokens']} | {r['fp8_mega_moe_host_us']:.1f} | "
-              f"{r['fp8_mega_moe_idle_host_us']:.1f} | "
-              f"{r['native_launch_host_us']:.1f} | "
-              f"{r['forward_y_host_us']:.1f} | {r['forward_sync_host_us']:.1f} | "
-              f"{r['replay_host_us']:.1f} | {r['replay_events_us']:.1f} | "
-              f"{r['replay_period_us']:.1f} | "
-              f"{r['fused_kernel_us']:.1f} | {r['stage_kernel_us']:.1f} | "
-              f"{r['step_kernels_us']:.1f} ({r['kernels_per_step']}) | "
-              f"{r['replay_over_fused_kernel']:.4f} | {r['replay_over_step_kernels']:.4f} |")
+        print(
+            f"| {r['preset']} | {r['tokens']} | {r['fp8_mega_moe_host_us']:.1f} | "
+            f"{r['fp8_mega_moe_idle_host_us']:.1f} | "
+            f"{r['native_launch_host_us']:.1f} | "
+            f"{r['forward_y_host_us']:.1f} | {r['forward_sync_host_us']:.1f} | "
+            f"{r['replay_host_us']:.1f} | {r['replay_events_us']:.1f} | "
+            f"{r['replay_period_us']:.1f} | "
+            f"{r['fused_kernel_us']:.1f} | {r['stage_kernel_us']:.1f} | "
+            f"{r['step_kernels_us']:.1f} ({r['kernels_per_step']}) | "
+            f"{r['replay_over_fused_kernel']:.4f} | {r['replay_over_step_kernels']:.4f} |"
+        )
     for r in rows:
         print(json.dumps(r))
 

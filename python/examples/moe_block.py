@@ -80,7 +80,10 @@ class MoEBlock(nn.Module):
             # The expert applies the router weight (Megatron's convention); padding rows have 0.
             outs.append(
                 torch.cat(
-                    [self.expert(r * local + j, x) * p.unsqueeze(1).to(torch.bfloat16) for j, (x, p) in enumerate(zip(rows, probs))]
+                    [
+                        self.expert(r * local + j, x) * p.unsqueeze(1).to(torch.bfloat16)
+                        for j, (x, p) in enumerate(zip(rows, probs))
+                    ]
                 )
             )
         return ep.combine_with_unpermute_ranks(b, outs, d.handle, self.order)

@@ -30,10 +30,12 @@ class DecodeGraphs:
         self.layer = layer
         self.graphs = {}
         for b in BUCKETS:
-            s = dict(x=torch.zeros(b, hidden, dtype=torch.bfloat16, device="cuda"),
-                     idx=torch.full((b, topk), -1, dtype=torch.int64, device="cuda"),
-                     w=torch.zeros(b, topk, device="cuda"),
-                     y=torch.empty(b, hidden, dtype=torch.bfloat16, device="cuda"))
+            s = dict(
+                x=torch.zeros(b, hidden, dtype=torch.bfloat16, device="cuda"),
+                idx=torch.full((b, topk), -1, dtype=torch.int64, device="cuda"),
+                w=torch.zeros(b, topk, device="cuda"),
+                y=torch.empty(b, hidden, dtype=torch.bfloat16, device="cuda"),
+            )
             self._forward(s, b)  # eager warm-up: the first call of a shape compiles nothing new
             torch.cuda.synchronize()
             g = torch.cuda.CUDAGraph()

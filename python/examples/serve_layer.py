@@ -24,11 +24,12 @@ def main():
 
     # The size query needs no GPU: what the layer will allocate.
     size = megamoe.get_symm_buffer_size(1, experts, args.tokens, topk, hidden, inter, kind=args.kind)
-    print(f"buffers: {size['symmetric_bytes'] / 2**20:.1f} MiB symmetric, "
-          f"{size['weight_bytes'] / 2**20:.1f} MiB of weights")
+    print(
+        f"buffers: {size['symmetric_bytes'] / 2**20:.1f} MiB symmetric, "
+        f"{size['weight_bytes'] / 2**20:.1f} MiB of weights"
+    )
 
-    layer = megamoe.get_symm_buffer_for_mega_moe(1, experts, args.tokens, topk, hidden, inter,
-                                                  kind=args.kind)
+    layer = megamoe.get_symm_buffer_for_mega_moe(1, experts, args.tokens, topk, hidden, inter, kind=args.kind)
     gen = torch.Generator(device="cuda").manual_seed(0)
     # FP8 weights in SPEC §2's layouts: W1 [E, 2I, H] (gate rows, then up rows), W2 [E, H, I],
     # each with one f32 scale per 128 x 128 block.
@@ -45,8 +46,10 @@ def main():
         layer.forward(x, topk_idx, topk_weights)
     stop.record()
     stop.synchronize()
-    print(f"{args.kind}: {args.tokens} tokens, {start.elapsed_time(stop) / 10:.2f} ms per forward "
-          "(host checks and copies included)")
+    print(
+        f"{args.kind}: {args.tokens} tokens, {start.elapsed_time(stop) / 10:.2f} ms per forward "
+        "(host checks and copies included)"
+    )
 
     want = ref.moe_forward(x, topk_idx, topk_weights, *weights, group=layer.scale_granularity)
     d = ref.diff(y, want)

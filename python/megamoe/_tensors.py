@@ -14,8 +14,9 @@ def torch() -> ModuleType:
         import torch
     except ImportError as e:
         raise ImportError(
-            "megamoe's GPU calls, MoELayer and megamoe.ep take torch tensors: PyTorch is not "
-            f"installed ({e})", name="torch") from e
+            f"megamoe's GPU calls, MoELayer and megamoe.ep take torch tensors: PyTorch is not installed ({e})",
+            name="torch",
+        ) from e
     return torch
 
 

@@ -79,10 +79,16 @@ def _staging_layout(num_max_tokens_per_rank: int, num_topk: int, hidden: int) ->
     return offsets, at
 
 
-def get_symm_buffer_size_for_mega_moe(num_ranks: int, num_experts: int, num_max_tokens_per_rank: int,
-                                      num_topk: int, hidden: int, intermediate_hidden: int,
-                                      use_fp8_dispatch: bool = True, activation: str = "swiglu"
-                                      ) -> tuple[int, Callable[[Tensor], tuple[Tensor, ...]]]:
+def get_symm_buffer_size_for_mega_moe(
+    num_ranks: int,
+    num_experts: int,
+    num_max_tokens_per_rank: int,
+    num_topk: int,
+    hidden: int,
+    intermediate_hidden: int,
+    use_fp8_dispatch: bool = True,
+    activation: str = "swiglu",
+) -> tuple[int, Callable[[Tensor], tuple[Tensor, ...]]]:
     """(num_bytes, slice_input_buffers), DeepGEMM's size query: ``num_bytes`` is what one rank of
     such a fused buffer allocates on its GPU (the staging tensors, the layer's symmetric and
     private buffers and its copy of the experts' weights); ``slice_input_buffers(buffer)`` views an
@@ -90,8 +96,9 @@ def get_symm_buffer_size_for_mega_moe(num_ranks: int, num_experts: int, num_max_
     topk_weights) at its start. DeepGEMM's slicer also returns views of its L1 and L2 pools;
     megamoe's layer keeps those to itself."""
     _dispatch_and_activation(use_fp8_dispatch, activation)
-    sizes = _megamoe.get_symm_buffer_size(num_ranks, num_experts, num_max_tokens_per_rank,
-                                          num_topk, hidden, intermediate_hidden, "fused")
+    sizes = _megamoe.get_symm_buffer_size(
+        num_ranks, num_experts, num_max_tokens_per_rank, num_topk, hidden, intermediate_hidden, "fused"
+    )
     offsets, staging = _staging_layout(num_max_tokens_per_rank, num_topk, hidden)
     total = staging + sizes["symmetric_bytes"] + sizes["local_bytes"] + sizes["weight_bytes"]
 
@@ -103,19 +110,17 @@ def get_symm_buffer_size_for_mega_moe(num_ranks: int, num_experts: int, num_max_
 
 def _staging_views(buffer: Tensor, offsets: list[int], t: int, k: int, h: int) -> tuple[Tensor, ...]:
     th = torch()
-    views = [(th.float8_e4m3fn, (t, h)), (th.float32, (t, h // 128)), (th.int64, (t, k)),
-             (th.float32, (t, k))]
+    views = [(th.float8_e4m3fn, (t, h)), (th.float32, (t, h // 128)), (th.int64, (t, k)), (th.float32, (t, k))]
     out = []
     for at, (dtype, shape) in zip(offsets, views):
         n = shape[0] * shape[1] * th.empty((), dtype=dtype).element_size()
-        out.append(buffer[at:at + n].view(dtype).view(shape))
+        out.append(buffer[at : at + n].view(dtype).view(shape))
     return tuple(out)
 
 
 def _dispatch_and_activation(use_fp8_dispatch: bool, activation: str) -> None:
     if use_fp8_dispatch is not True:
-        raise ValueError(f"use_fp8_dispatch: {use_fp8_dispatch!r}; the SM90 layer dispatches FP8 "
-                         "rows only (True)")
+        raise ValueError(f"use_fp8_dispatch: {use_fp8_dispatch!r}; the SM90 layer dispatches FP8 rows only (True)")
     if activation != "swiglu":
         raise ValueError(f"activation: {activation!r}; only 'swiglu' is supported")
 
@@ -128,16 +133,27 @@ class SymmBuffer:
     when the first call loads the weights). ``num_max_tokens_per_rank`` is the capacity rounded up
     to :func:`get_token_alignment_for_mega_moe`."""
 
-    def __init__(self, group: ProcessGroup | None, num_experts: int, num_max_tokens_per_rank: int, num_topk: int, hidden: int,
-                 intermediate_hidden: int, use_fp8_dispatch: bool = True, activation: str = "swiglu",
-                 fused: bool = False, num_experts_per_wave: int | None = None,
-                 l2_act_sf_gran_k: int | None = None, *, accumulation: str = "per-block"):
+    def __init__(
+        self,
+        group: ProcessGroup | None,
+        num_experts: int,
+        num_max_tokens_per_rank: int,
+        num_topk: int,
+        hidden: int,
+        intermediate_hidden: int,
+        use_fp8_dispatch: bool = True,
+        activation: str = "swiglu",
+        fused: bool = False,
+        num_experts_per_wave: int | None = None,
+        l2_act_sf_gran_k: int | None = None,
+        *,
+        accumulation: str = "per-block",
+    ):
         _dispatch_and_activation(use_fp8_dispatch, activation)
         if num_experts_per_wave is not None and (
-                not isinstance(num_experts_per_wave, int) or num_experts_per_wave == 0
-                or num_experts_per_wave < -1):
-            raise ValueError(f"num_experts_per_wave: {num_experts_per_wave!r}; None, -1 or a "
-                             "positive count")
+            not isinstance(num_experts_per_wave, int) or num_experts_per_wave == 0 or num_experts_per_wave < -1
+        ):
+            raise ValueError(f"num_experts_per_wave: {num_experts_per_wave!r}; None, -1 or a positive count")
         if l2_act_sf_gran_k not in (None, 64, 128):
             raise ValueError(f"l2_act_sf_gran_k: {l2_act_sf_gran_k!r}; 64, 128 or None")
         self.group = group
@@ -154,18 +170,26 @@ class SymmBuffer:
         self._accumulation = accumulation
         # Every shape rule, as a ValueError naming the argument, before anything is allocated.
         size = 1 if group is None else _world_size(group)
-        _megamoe.get_symm_buffer_size(size, num_experts, num_max_tokens_per_rank, num_topk,
-                                      hidden, intermediate_hidden, self._kind, l2_act_sf_gran_k,
-                                      accumulation=accumulation)
+        _megamoe.get_symm_buffer_size(
+            size,
+            num_experts,
+            num_max_tokens_per_rank,
+            num_topk,
+            hidden,
+            intermediate_hidden,
+            self._kind,
+            l2_act_sf_gran_k,
+            accumulation=accumulation,
+        )
         self.num_ranks = size
         th = torch()
         offsets, staging = _staging_layout(num_max_tokens_per_rank, num_topk, hidden)
         self._staging_device = th.cuda.current_device()
         self.buffer = th.zeros(staging, dtype=th.int8, device=f"cuda:{self._staging_device}")
         self.x, self.x_sf, self.topk_idx, self.topk_weights = _staging_views(
-            self.buffer, offsets, num_max_tokens_per_rank, num_topk, hidden)
-        self._staging = tuple(t.data_ptr() for t in (self.x, self.x_sf, self.topk_idx,
-                                                     self.topk_weights))
+            self.buffer, offsets, num_max_tokens_per_rank, num_topk, hidden
+        )
+        self._staging = tuple(t.data_ptr() for t in (self.x, self.x_sf, self.topk_idx, self.topk_weights))
         self.layer = None
         self._clamp = None
         # The addresses and versions of the weight tensors the layer holds, and the tuples and
@@ -186,9 +210,13 @@ class SymmBuffer:
     def _layer_for(self, clamp: float | None, l1_weights: Weights, l2_weights: Weights) -> MoELayer:
         """The layer with SwiGLU clamp ``clamp`` holding these weights (built and loaded when
         either differs from the last call's)."""
-        if (self.layer is not None and l1_weights is self._passed[0]
-                and l2_weights is self._passed[1] and clamp == self._clamp
-                and self._versions() == self._weights[1]):
+        if (
+            self.layer is not None
+            and l1_weights is self._passed[0]
+            and l2_weights is self._passed[1]
+            and clamp == self._clamp
+            and self._versions() == self._weights[1]
+        ):
             return self.layer  # the tuples of the last call, their tensors unwritten since
         w1, s1 = _pair("l1_weights", l1_weights)
         w2, s2 = _pair("l2_weights", l2_weights)
@@ -201,19 +229,30 @@ class SymmBuffer:
             raise ValueError("sym_buffer: destroyed")
         th = torch()
         if th.cuda.is_current_stream_capturing():
-            raise RuntimeError("l1_weights: new weights (or a new activation_clamp) are loaded "
-                               "with host synchronization, which a CUDA graph cannot capture: "
-                               "make one call before capturing")
+            raise RuntimeError(
+                "l1_weights: new weights (or a new activation_clamp) are loaded "
+                "with host synchronization, which a CUDA graph cannot capture: "
+                "make one call before capturing"
+            )
         if self.layer is None or clamp != self._clamp:
-            args = (self.num_experts, self.num_max_tokens_per_rank, self.num_topk, self.hidden,
-                    self.intermediate_hidden, self._kind, self._gran, clamp)
+            args = (
+                self.num_experts,
+                self.num_max_tokens_per_rank,
+                self.num_topk,
+                self.hidden,
+                self.intermediate_hidden,
+                self._kind,
+                self._gran,
+                clamp,
+            )
             self.layer = None  # its memory first
             self.layer = (
-                MoELayer.of_rank(0, self._staging_device, lambda mine: [mine], 1, *args,
-                                 accumulation=self._accumulation)
+                MoELayer.of_rank(
+                    0, self._staging_device, lambda mine: [mine], 1, *args, accumulation=self._accumulation
+                )
                 if self.num_ranks == 1
-                else MoELayer.for_process_group(*args, process_group=self.group,
-                                                accumulation=self._accumulation))
+                else MoELayer.for_process_group(*args, process_group=self.group, accumulation=self._accumulation)
+            )
             self._clamp = clamp
         self._weights = None
         self.layer.load_weights(w1, s1, w2, s2)
@@ -235,12 +274,21 @@ def _pair(name: str, weights: Weights) -> Weights:
     return weights
 
 
-def get_symm_buffer_for_mega_moe(group: ProcessGroup | None, num_experts: int, num_max_tokens_per_rank: int, num_topk: int,
-                                 hidden: int, intermediate_hidden: int, use_fp8_dispatch: bool = True,
-                                 activation: str = "swiglu", fused: bool = False,
-                                 num_experts_per_wave: int | None = None,
-                                 l2_act_sf_gran_k: int | None = None, *,
-                                 accumulation: str = "per-block") -> SymmBuffer:
+def get_symm_buffer_for_mega_moe(
+    group: ProcessGroup | None,
+    num_experts: int,
+    num_max_tokens_per_rank: int,
+    num_topk: int,
+    hidden: int,
+    intermediate_hidden: int,
+    use_fp8_dispatch: bool = True,
+    activation: str = "swiglu",
+    fused: bool = False,
+    num_experts_per_wave: int | None = None,
+    l2_act_sf_gran_k: int | None = None,
+    *,
+    accumulation: str = "per-block",
+) -> SymmBuffer:
     """The :class:`SymmBuffer` of this process's rank of ``group``, its capacity rounded up to
     :func:`get_token_alignment_for_mega_moe`. ``fused``: megamoe's fused layer (True) or its
     split layer (False, DeepGEMM's default; see the module's notes); ``l2_act_sf_gran_k``: columns
@@ -256,9 +304,20 @@ def get_symm_buffer_for_mega_moe(group: ProcessGroup | None, num_experts: int, n
         raise ValueError(f"num_max_tokens_per_rank: {num_max_tokens_per_rank!r} must be a count")
     align = get_token_alignment_for_mega_moe()
     capacity = (num_max_tokens_per_rank + align - 1) // align * align
-    return SymmBuffer(group, num_experts, capacity, num_topk, hidden, intermediate_hidden,
-                      use_fp8_dispatch, activation, fused, num_experts_per_wave, l2_act_sf_gran_k,
-                      accumulation=accumulation)
+    return SymmBuffer(
+        group,
+        num_experts,
+        capacity,
+        num_topk,
+        hidden,
+        intermediate_hidden,
+        use_fp8_dispatch,
+        activation,
+        fused,
+        num_experts_per_wave,
+        l2_act_sf_gran_k,
+        accumulation=accumulation,
+    )
 
 
 def transform_weights_for_mega_moe(l1_weights: Weights, l2_weights: Weights) -> tuple[Weights, Weights]:
@@ -269,14 +328,20 @@ def transform_weights_for_mega_moe(l1_weights: Weights, l2_weights: Weights) -> 
     th = torch()
     w1, s1 = _pair("l1_weights", l1_weights)
     w2, s2 = _pair("l2_weights", l2_weights)
-    for name, t, dtype in (("l1_weights", w1, th.float8_e4m3fn), ("l1_weights", s1, th.float32),
-                           ("l2_weights", w2, th.float8_e4m3fn), ("l2_weights", s2, th.float32)):
+    for name, t, dtype in (
+        ("l1_weights", w1, th.float8_e4m3fn),
+        ("l1_weights", s1, th.float32),
+        ("l2_weights", w2, th.float8_e4m3fn),
+        ("l2_weights", s2, th.float32),
+    ):
         if not isinstance(t, th.Tensor) or t.dtype != dtype or t.dim() != 3:
             raise ValueError(f"{name}: expected ({dtype} [E_l, N, K], float32 [E_l, N/128, K/128])")
     e, two_i, h = w1.shape
     if tuple(w2.shape) != (e, h, two_i // 2) or two_i % 2:
-        raise ValueError(f"l2_weights: shape {tuple(w2.shape)}, expected ({e}, {h}, {two_i // 2}) "
-                         f"for l1_weights of shape {tuple(w1.shape)}")
+        raise ValueError(
+            f"l2_weights: shape {tuple(w2.shape)}, expected ({e}, {h}, {two_i // 2}) "
+            f"for l1_weights of shape {tuple(w1.shape)}"
+        )
     for name, s, w in (("l1_weights", s1, w1), ("l2_weights", s2, w2)):
         want = (w.shape[0], w.shape[1] // 128, w.shape[2] // 128)
         if tuple(s.shape) != want:
@@ -289,11 +354,18 @@ def transform_weights_for_mega_moe_sm90(l1_weights: Weights, l2_weights: Weights
     return transform_weights_for_mega_moe(l1_weights, l2_weights)
 
 
-def fp8_mega_moe(y: Tensor, l1_weights: Weights, l2_weights: Weights, sym_buffer: SymmBuffer,
-                 cumulative_local_expert_recv_stats: Tensor | None = None,
-                 recipe: tuple[int, int, int] = (128, 128, 128), activation: str = "swiglu",
-                 activation_clamp: float | None = None, fast_math: bool = True,
-                 num_tokens_bound: int | None = None) -> None:
+def fp8_mega_moe(
+    y: Tensor,
+    l1_weights: Weights,
+    l2_weights: Weights,
+    sym_buffer: SymmBuffer,
+    cumulative_local_expert_recv_stats: Tensor | None = None,
+    recipe: tuple[int, int, int] = (128, 128, 128),
+    activation: str = "swiglu",
+    activation_clamp: float | None = None,
+    fast_math: bool = True,
+    num_tokens_bound: int | None = None,
+) -> None:
     """y = the MoE layer of the first T = ``y.shape[0]`` rows staged in ``sym_buffer`` (``x``,
     ``x_sf``, ``topk_idx``, ``topk_weights``), on the current CUDA stream. ``y``: bfloat16
     [T, H] on this rank's device, written. ``l1_weights``, ``l2_weights``: (weights, scale
@@ -327,12 +399,14 @@ def fp8_mega_moe(y: Tensor, l1_weights: Weights, l2_weights: Weights, sym_buffer
     y_ptr = check_tensor("y", y, th.bfloat16, (None, h), device)
     tokens = y.shape[0]
     if tokens > sym_buffer.num_max_tokens_per_rank:
-        raise ValueError(f"y: {tokens} tokens exceed num_max_tokens_per_rank "
-                         f"{sym_buffer.num_max_tokens_per_rank}")
+        raise ValueError(f"y: {tokens} tokens exceed num_max_tokens_per_rank {sym_buffer.num_max_tokens_per_rank}")
     stats = cumulative_local_expert_recv_stats
     local_experts = sym_buffer.num_experts // layer.num_ranks
-    stats_ptr = None if stats is None else check_tensor(
-        "cumulative_local_expert_recv_stats", stats, th.int32, (local_experts,), device)
+    stats_ptr = (
+        None
+        if stats is None
+        else check_tensor("cumulative_local_expert_recv_stats", stats, th.int32, (local_experts,), device)
+    )
     x, x_sf, topk_idx, topk_weights = sym_buffer._staging
     staged = (tokens, x, x_sf, topk_idx, True, topk_weights, y_ptr)
     streams = [stream(device)]

@@ -237,7 +237,9 @@ def dequantize_fp8(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 def _per_rank(buffer: Buffer, name: str, value: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """``value``, a list with one tensor per rank of ``buffer.ranks``."""
     if not isinstance(value, (list, tuple)):
-        raise ValueError(f"{name}: expected a list of tensors, one per rank of buffer.ranks, got {type(value).__name__}")
+        raise ValueError(
+            f"{name}: expected a list of tensors, one per rank of buffer.ranks, got {type(value).__name__}"
+        )
     if len(value) != len(buffer.ranks):
         raise ValueError(f"{name}: {len(value)} tensors for {len(buffer.ranks)} ranks (one per rank of buffer.ranks)")
     return list(value)
@@ -246,8 +248,9 @@ def _per_rank(buffer: Buffer, name: str, value: Sequence[torch.Tensor]) -> list[
 def _one_rank(buffer: Buffer, call: str) -> None:
     """The calls that take one rank's tensors need a buffer of one rank in this process."""
     if len(buffer.ranks) != 1:
-        raise ValueError(f"buffer: holds ranks {buffer.ranks} in this process; {call}_ranks takes a list "
-                         "with one tensor per rank")
+        raise ValueError(
+            f"buffer: holds ranks {buffer.ranks} in this process; {call}_ranks takes a list with one tensor per rank"
+        )
 
 
 def _lists_deprecated(call: str, *values) -> bool:
@@ -255,8 +258,11 @@ def _lists_deprecated(call: str, *values) -> bool:
     arguments); warns that they moved there."""
     if not any(isinstance(v, (list, tuple)) for v in values):
         return False
-    warnings.warn(f"{call} with one list per argument is renamed {call}_ranks; {call} takes this "
-                  "process's one rank's tensors", DeprecationWarning, stacklevel=3)
+    warnings.warn(
+        f"{call} with one list per argument is renamed {call}_ranks; {call} takes this process's one rank's tensors",
+        DeprecationWarning,
+        stacklevel=3,
+    )
     return True
 
 
@@ -305,8 +311,21 @@ def run_dispatch(
         rows, row_scales, row_probs = outputs([max(num_rows_bound, 0)] * r)
         local = buffer.num_experts // buffer.num_ranks
         counts = [_empty(buffer, i, (local,), torch.int32) for i in range(r)]
-        buffer.world.dispatch(handle.native, x, x_scales, topk_idx, probs, pad_multiple, num_rows_bound, streams,
-                              rows, row_scales, row_probs, counts, codes)
+        buffer.world.dispatch(
+            handle.native,
+            x,
+            x_scales,
+            topk_idx,
+            probs,
+            pad_multiple,
+            num_rows_bound,
+            streams,
+            rows,
+            row_scales,
+            row_probs,
+            counts,
+            codes,
+        )
         return rows, row_scales, row_probs, counts
     buffer.world.dispatch(handle.native, x, x_scales, topk_idx, probs, pad_multiple, None, streams)
     rows, row_scales, row_probs = outputs(handle.num_rows)
@@ -467,7 +486,9 @@ def dispatch_with_permute_ranks(
     order = _order(order)
     x = _per_rank(buffer, "x", x)
     probs = _per_rank(buffer, "probs", probs)
-    idx = [t.to(torch.int32).contiguous() if t.dtype == torch.int64 else t for t in _per_rank(buffer, "topk_idx", topk_idx)]
+    idx = [
+        t.to(torch.int32).contiguous() if t.dtype == torch.int64 else t for t in _per_rank(buffer, "topk_idx", topk_idx)
+    ]
     box = _Box(buffer.new_handle() if handle is None else handle)
     out = _Dispatch.apply(buffer, box, idx, pad_multiple, order, num_rows_bound, *x, *probs)
     r = len(buffer.ranks)

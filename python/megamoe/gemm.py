@@ -28,8 +28,16 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 
-def _call(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, expert_rows: Tensor, out: Tensor,
-          pad: int | None, masked: bool) -> None:
+def _call(
+    a: Tensor,
+    a_scales: Tensor,
+    b: Tensor,
+    b_scales: Tensor,
+    expert_rows: Tensor,
+    out: Tensor,
+    pad: int | None,
+    masked: bool,
+) -> None:
     """Checks the operands of either layout, then runs the GEMM."""
     th = torch()
     if not isinstance(b, th.Tensor) or b.dim() != 3 or not b.is_cuda:
@@ -56,19 +64,22 @@ def _call(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, expert_rows:
         check_tensor("out", out, (th.bfloat16, th.float32), shapes[2], device),
     )
     layout = (None, rows) if masked else (pad, None)  # (pad, max_m)
-    _megamoe.grouped_gemm(e, n, k, k // kg, 0 if masked else rows, *layout,
-                          out.dtype == th.float32, *ptrs, device, stream(device))
+    _megamoe.grouped_gemm(
+        e, n, k, k // kg, 0 if masked else rows, *layout, out.dtype == th.float32, *ptrs, device, stream(device)
+    )
 
 
-def grouped_gemm_fp8_contiguous(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, expert_rows: Tensor,
-                                out: Tensor, pad: int = 128) -> None:
+def grouped_gemm_fp8_contiguous(
+    a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, expert_rows: Tensor, out: Tensor, pad: int = 128
+) -> None:
     """out = a · bᵀ per expert segment, in the contiguous layout (module docstring); ``pad``
     (64 or 128) the multiple every segment is padded to."""
     _call(a, a_scales, b, b_scales, expert_rows, out, pad, masked=False)
 
 
-def grouped_gemm_fp8_masked(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, expert_rows: Tensor,
-                            out: Tensor) -> None:
+def grouped_gemm_fp8_masked(
+    a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, expert_rows: Tensor, out: Tensor
+) -> None:
     """out = a · bᵀ per expert, the first ``expert_rows[e]`` rows of each, in the masked layout
     (module docstring)."""
     _call(a, a_scales, b, b_scales, expert_rows, out, None, masked=True)

@@ -43,11 +43,17 @@ def scale_granularity_of(scale_granularity: int | None, group: int | None) -> in
     release with a DeprecationWarning: a process group is what the name suggests)."""
     if group is None:
         return scale_granularity
-    warnings.warn("group= is renamed scale_granularity= (columns per scale of the intermediate); "
-                  "group= goes away in the next release", DeprecationWarning, stacklevel=3)
+    warnings.warn(
+        "group= is renamed scale_granularity= (columns per scale of the intermediate); "
+        "group= goes away in the next release",
+        DeprecationWarning,
+        stacklevel=3,
+    )
     if scale_granularity is not None and scale_granularity != group:
-        raise ValueError(f"group: {group} contradicts scale_granularity {scale_granularity} "
-                         "(group is its deprecated name; pass scale_granularity alone)")
+        raise ValueError(
+            f"group: {group} contradicts scale_granularity {scale_granularity} "
+            "(group is its deprecated name; pass scale_granularity alone)"
+        )
     return group
 
 
@@ -55,8 +61,9 @@ def refuse_capture(arg: str, remedy: str) -> None:
     """A call that reads values back to the host cannot be captured in a CUDA graph: a
     RuntimeError naming ``arg`` and the ``remedy`` when the current stream is capturing."""
     if torch().cuda.is_current_stream_capturing():
-        raise RuntimeError(f"{arg}: this call reads the routing back to the host, which a CUDA "
-                           f"graph cannot capture; {remedy}")
+        raise RuntimeError(
+            f"{arg}: this call reads the routing back to the host, which a CUDA graph cannot capture; {remedy}"
+        )
 
 
 class MoELayer:
@@ -92,20 +99,53 @@ class MoELayer:
     accumulation: str
     ranks: list[int]
 
-    def __init__(self, num_ranks: int, num_experts: int, num_max_tokens_per_rank: int, num_topk: int,
-                 hidden: int, intermediate_hidden: int, kind: str = "fused",
-                 scale_granularity: int | None = None, clamp: float | None = None, *,
-                 accumulation: str = "per-block", group: int | None = None):
+    def __init__(
+        self,
+        num_ranks: int,
+        num_experts: int,
+        num_max_tokens_per_rank: int,
+        num_topk: int,
+        hidden: int,
+        intermediate_hidden: int,
+        kind: str = "fused",
+        scale_granularity: int | None = None,
+        clamp: float | None = None,
+        *,
+        accumulation: str = "per-block",
+        group: int | None = None,
+    ):
         gran = scale_granularity_of(scale_granularity, group)
-        self._attach(_megamoe.Layer(num_ranks, num_experts, num_max_tokens_per_rank, num_topk,
-                                    hidden, intermediate_hidden, kind, gran, clamp, accumulation))
+        self._attach(
+            _megamoe.Layer(
+                num_ranks,
+                num_experts,
+                num_max_tokens_per_rank,
+                num_topk,
+                hidden,
+                intermediate_hidden,
+                kind,
+                gran,
+                clamp,
+                accumulation,
+            )
+        )
 
     @classmethod
-    def for_process_group(cls, num_experts: int, num_max_tokens_per_rank: int, num_topk: int,
-                          hidden: int, intermediate_hidden: int, kind: str = "fused",
-                          scale_granularity: int | None = None, clamp: float | None = None,
-                          process_group: ProcessGroup | None = None, *,
-                          accumulation: str = "per-block", group: int | None = None) -> MoELayer:
+    def for_process_group(
+        cls,
+        num_experts: int,
+        num_max_tokens_per_rank: int,
+        num_topk: int,
+        hidden: int,
+        intermediate_hidden: int,
+        kind: str = "fused",
+        scale_granularity: int | None = None,
+        clamp: float | None = None,
+        process_group: ProcessGroup | None = None,
+        *,
+        accumulation: str = "per-block",
+        group: int | None = None,
+    ) -> MoELayer:
         """This process's rank of a layer of one process per rank (either kind): rank
         ``dist.get_rank(process_group)`` of ``dist.get_world_size(process_group)`` ranks
         (``process_group``: a torch.distributed process group, the default one when None), on
@@ -118,38 +158,84 @@ class MoELayer:
         memory is allocated or anything exchanged (``num_ranks`` is the group's size)."""
         gran = scale_granularity_of(scale_granularity, group)
         rank, size, all_gather, device = process_rank(process_group, "process_group")
-        return cls.of_rank(rank, device, all_gather, size, num_experts, num_max_tokens_per_rank,
-                           num_topk, hidden, intermediate_hidden, kind, gran, clamp,
-                           accumulation=accumulation)
+        return cls.of_rank(
+            rank,
+            device,
+            all_gather,
+            size,
+            num_experts,
+            num_max_tokens_per_rank,
+            num_topk,
+            hidden,
+            intermediate_hidden,
+            kind,
+            gran,
+            clamp,
+            accumulation=accumulation,
+        )
 
     @classmethod
-    def of_rank(cls, rank: int, device: int, all_gather: Callable[[bytes], list[bytes]],
-                num_ranks: int, num_experts: int, num_max_tokens_per_rank: int, num_topk: int,
-                hidden: int, intermediate_hidden: int, kind: str = "fused",
-                scale_granularity: int | None = None, clamp: float | None = None, *,
-                accumulation: str = "per-block") -> MoELayer:
+    def of_rank(
+        cls,
+        rank: int,
+        device: int,
+        all_gather: Callable[[bytes], list[bytes]],
+        num_ranks: int,
+        num_experts: int,
+        num_max_tokens_per_rank: int,
+        num_topk: int,
+        hidden: int,
+        intermediate_hidden: int,
+        kind: str = "fused",
+        scale_granularity: int | None = None,
+        clamp: float | None = None,
+        *,
+        accumulation: str = "per-block",
+    ) -> MoELayer:
         """Rank ``rank`` of a world of ``num_ranks`` processes on CUDA device ``device``, its
         symmetric buffers' handles exchanged by ``all_gather(bytes) -> list[bytes]`` (called by
         every process in the same order): :meth:`for_process_group` without torch.distributed
         (a world of one process: ``all_gather=lambda mine: [mine]``)."""
         layer = cls.__new__(cls)
-        layer._attach(_megamoe.Layer.for_rank(
-            rank, device, all_gather, num_ranks, num_experts, num_max_tokens_per_rank, num_topk,
-            hidden, intermediate_hidden, kind, scale_granularity, clamp, accumulation))
+        layer._attach(
+            _megamoe.Layer.for_rank(
+                rank,
+                device,
+                all_gather,
+                num_ranks,
+                num_experts,
+                num_max_tokens_per_rank,
+                num_topk,
+                hidden,
+                intermediate_hidden,
+                kind,
+                scale_granularity,
+                clamp,
+                accumulation,
+            )
+        )
         return layer
 
     def _attach(self, native: _megamoe.Layer) -> None:
         self._native = native
-        (self.num_ranks, self.num_experts, self.num_max_tokens_per_rank, self.num_topk,
-         self.hidden, self.intermediate_hidden, self.kind, self.scale_granularity,
-         self.clamp, self.accumulation) = native.spec()
+        (
+            self.num_ranks,
+            self.num_experts,
+            self.num_max_tokens_per_rank,
+            self.num_topk,
+            self.hidden,
+            self.intermediate_hidden,
+            self.kind,
+            self.scale_granularity,
+            self.clamp,
+            self.accumulation,
+        ) = native.spec()
         self.ranks = list(native.local_ranks())
 
     @property
     def group(self) -> int:
         """Deprecated name of :attr:`scale_granularity`."""
-        warnings.warn("MoELayer.group is renamed scale_granularity", DeprecationWarning,
-                      stacklevel=2)
+        warnings.warn("MoELayer.group is renamed scale_granularity", DeprecationWarning, stacklevel=2)
         return self.scale_granularity
 
     def device(self, rank: int | None = None) -> int:
@@ -180,8 +266,14 @@ class MoELayer:
         ]
         self._native.load_weights(*ptrs, device, stream(device))
 
-    def forward(self, x: Activations, topk_idx: Tensor, topk_weights: Tensor,
-                num_tokens_bound: int | None = None, y: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Activations,
+        topk_idx: Tensor,
+        topk_weights: Tensor,
+        num_tokens_bound: int | None = None,
+        y: Tensor | None = None,
+    ) -> Tensor:
         """y = the MoE layer of x (SPEC §3) for this process's one rank (a layer of several
         ranks here runs through :meth:`forward_ranks`). ``x`` bfloat16 [T, H], or already
         quantized as a tuple (float8_e4m3fn [T, H], float32 scales [T, H/128]); ``topk_idx``
@@ -208,19 +300,28 @@ class MoELayer:
         Lists (one entry per rank of a layer of several ranks here) are :meth:`forward_ranks`'
         arguments: passing them here still works, with a DeprecationWarning."""
         if any(isinstance(v, list) for v in (x, topk_idx, topk_weights, y)):
-            warnings.warn("MoELayer.forward with one list per argument is renamed "
-                          "MoELayer.forward_ranks; forward takes this process's one rank's tensors",
-                          DeprecationWarning, stacklevel=2)
+            warnings.warn(
+                "MoELayer.forward with one list per argument is renamed "
+                "MoELayer.forward_ranks; forward takes this process's one rank's tensors",
+                DeprecationWarning,
+                stacklevel=2,
+            )
             return self.forward_ranks(x, topk_idx, topk_weights, num_tokens_bound, y)
         if len(self.ranks) != 1:
-            raise ValueError(f"x: this layer holds ranks {self.ranks} in this process; "
-                             "forward_ranks takes a list with one tensor per rank")
-        return self.forward_ranks([x], [topk_idx], [topk_weights], num_tokens_bound,
-                                  None if y is None else [y])[0]
+            raise ValueError(
+                f"x: this layer holds ranks {self.ranks} in this process; "
+                "forward_ranks takes a list with one tensor per rank"
+            )
+        return self.forward_ranks([x], [topk_idx], [topk_weights], num_tokens_bound, None if y is None else [y])[0]
 
-    def forward_ranks(self, x: Sequence[Activations], topk_idx: Sequence[Tensor],
-                      topk_weights: Sequence[Tensor], num_tokens_bound: int | None = None,
-                      y: Sequence[Tensor] | None = None) -> list[Tensor]:
+    def forward_ranks(
+        self,
+        x: Sequence[Activations],
+        topk_idx: Sequence[Tensor],
+        topk_weights: Sequence[Tensor],
+        num_tokens_bound: int | None = None,
+        y: Sequence[Tensor] | None = None,
+    ) -> list[Tensor]:
         """:meth:`forward` for every rank this process holds (``ranks``; several for a layer of
         virtual ranks, a test mode): each argument a list with one value per rank of ``ranks``,
         in that order, each on its rank's device; returns the list of y. ``num_tokens_bound``
@@ -234,14 +335,14 @@ class MoELayer:
             if not isinstance(v, (list, tuple)) or len(v) != n:
                 raise ValueError(f"{name}: expected a list of {n} per-rank values")
         ys = per_rank.get("y", [None] * n)
-        calls = [self._rank_tensors(r, x[j], topk_idx[j], topk_weights[j], ys[j])
-                 for j, r in enumerate(self.ranks)]
+        calls = [self._rank_tensors(r, x[j], topk_idx[j], topk_weights[j], ys[j]) for j, r in enumerate(self.ranks)]
         tensors = [args for args, _ in calls]
         if y is not None and self.kind == "fused":
             self._native.launch(tensors, num_tokens_bound, self._current_streams())
         else:
-            refuse_capture(*(("y", "pass y") if self.kind == "fused" else
-                             ("kind", "the fused kind given y queues its calls")))
+            refuse_capture(
+                *(("y", "pass y") if self.kind == "fused" else ("kind", "the fused kind given y queues its calls"))
+            )
             self._native.forward(tensors, num_tokens_bound, self._current_streams())
         return [out for _, out in calls]
 
@@ -257,8 +358,9 @@ class MoELayer:
         """Each local rank's device's current stream (the caller's), as driver handles."""
         return [stream(self.device(r)) for r in self.ranks]
 
-    def _rank_tensors(self, r: int, x: Activations, topk_idx: Tensor, topk_weights: Tensor,
-                      y: Tensor | None = None) -> tuple[tuple, Tensor]:
+    def _rank_tensors(
+        self, r: int, x: Activations, topk_idx: Tensor, topk_weights: Tensor, y: Tensor | None = None
+    ) -> tuple[tuple, Tensor]:
         """Rank r's checked arguments as the native call takes them, and its y (``y`` checked,
         or a new one)."""
         th = torch()
@@ -275,8 +377,7 @@ class MoELayer:
             x_ptr = check_tensor(f"x{at}", x, th.bfloat16, (None, h), device)
             tokens, scales_ptr = x.shape[0], None
         if tokens > self.num_max_tokens_per_rank:
-            raise ValueError(f"x{at}: {tokens} tokens exceed num_max_tokens_per_rank "
-                             f"{self.num_max_tokens_per_rank}")
+            raise ValueError(f"x{at}: {tokens} tokens exceed num_max_tokens_per_rank {self.num_max_tokens_per_rank}")
         idx_ptr = check_tensor(f"topk_idx{at}", topk_idx, (th.int32, th.int64), (tokens, k), device)
         w_ptr = check_tensor(f"topk_weights{at}", topk_weights, th.float32, (tokens, k), device)
         if y is None:
@@ -286,11 +387,21 @@ class MoELayer:
         return (tokens, x_ptr, scales_ptr, idx_ptr, is_64, w_ptr, y_ptr, None), y
 
 
-def get_symm_buffer_for_mega_moe(num_ranks: int | None, num_experts: int, num_max_tokens_per_rank: int,
-                                 num_topk: int, hidden: int, intermediate_hidden: int, kind: str = "fused",
-                                 scale_granularity: int | None = None, clamp: float | None = None,
-                                 process_group: ProcessGroup | None = None, *,
-                                 accumulation: str = "per-block", group: int | None = None) -> MoELayer:
+def get_symm_buffer_for_mega_moe(
+    num_ranks: int | None,
+    num_experts: int,
+    num_max_tokens_per_rank: int,
+    num_topk: int,
+    hidden: int,
+    intermediate_hidden: int,
+    kind: str = "fused",
+    scale_granularity: int | None = None,
+    clamp: float | None = None,
+    process_group: ProcessGroup | None = None,
+    *,
+    accumulation: str = "per-block",
+    group: int | None = None,
+) -> MoELayer:
     """An :class:`MoELayer`, with ``num_ranks`` (ranks of this process) where DeepGEMM's function
     of this name takes a process group (``megamoe.deep_gemm`` has DeepGEMM's signature). With
     ``process_group`` (a torch.distributed process group, e.g. ``dist.group.WORLD``), this
@@ -300,13 +411,32 @@ def get_symm_buffer_for_mega_moe(num_ranks: int | None, num_experts: int, num_ma
     ``scale_granularity``."""
     gran = scale_granularity_of(scale_granularity, group)
     if process_group is None:
-        return MoELayer(num_ranks, num_experts, num_max_tokens_per_rank, num_topk, hidden,
-                        intermediate_hidden, kind, gran, clamp, accumulation=accumulation)
+        return MoELayer(
+            num_ranks,
+            num_experts,
+            num_max_tokens_per_rank,
+            num_topk,
+            hidden,
+            intermediate_hidden,
+            kind,
+            gran,
+            clamp,
+            accumulation=accumulation,
+        )
     import torch.distributed as dist
 
     size = dist.get_world_size(process_group)
     if num_ranks is not None and num_ranks != size:
         raise ValueError(f"num_ranks: {num_ranks}, but the process group has {size} ranks")
-    return MoELayer.for_process_group(num_experts, num_max_tokens_per_rank, num_topk, hidden,
-                                      intermediate_hidden, kind, gran, clamp, process_group,
-                                      accumulation=accumulation)
+    return MoELayer.for_process_group(
+        num_experts,
+        num_max_tokens_per_rank,
+        num_topk,
+        hidden,
+        intermediate_hidden,
+        kind,
+        gran,
+        clamp,
+        process_group,
+        accumulation=accumulation,
+    )

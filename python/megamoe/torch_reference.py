@@ -88,8 +88,17 @@ def swiglu(h: Tensor, weight: Tensor, clamp: float | None) -> Tensor:
     return silu * u * weight[:, None]
 
 
-def moe_forward(x: Tensor | tuple[Tensor, Tensor], topk_idx: Tensor, topk_weights: Tensor, w1: Tensor, s1: Tensor, w2: Tensor,
-                s2: Tensor, group: int, clamp: float | None = None) -> Tensor:
+def moe_forward(
+    x: Tensor | tuple[Tensor, Tensor],
+    topk_idx: Tensor,
+    topk_weights: Tensor,
+    w1: Tensor,
+    s1: Tensor,
+    w2: Tensor,
+    s2: Tensor,
+    group: int,
+    clamp: float | None = None,
+) -> Tensor:
     """y bf16 [T, H] of the layer (SPEC §3) on every token of x: bf16 [T, H], or an e4m3 tuple
     (codes [T, H], f32 scales [T, H/128]); topk_idx [T, K] (-1 masked); topk_weights f32 [T, K];
     the weights of all E experts in SPEC §2's layouts; `group` the intermediate's scale group."""
@@ -117,8 +126,15 @@ def moe_forward(x: Tensor | tuple[Tensor, Tensor], topk_idx: Tensor, topk_weight
     return y.bfloat16()
 
 
-def random_batch(tokens: int, hidden: int, experts: int, topk: int, masked: float = 0.0,
-                 generator: torch.Generator | None = None, device: str = "cuda") -> tuple[Tensor, Tensor, Tensor]:
+def random_batch(
+    tokens: int,
+    hidden: int,
+    experts: int,
+    topk: int,
+    masked: float = 0.0,
+    generator: torch.Generator | None = None,
+    device: str = "cuda",
+) -> tuple[Tensor, Tensor, Tensor]:
     """x bf16 [T, H], topk_idx int64 [T, K] (distinct experts per token, a share `masked` of
     the slots -1), topk_weights f32 [T, K]."""
     gen = dict(generator=generator, device=device)
@@ -129,10 +145,11 @@ def random_batch(tokens: int, hidden: int, experts: int, topk: int, masked: floa
     return x, idx, weights
 
 
-def random_weights(experts: int, hidden: int, inter: int, generator: torch.Generator | None = None,
-                   device: str = "cuda") -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def random_weights(
+    experts: int, hidden: int, inter: int, generator: torch.Generator | None = None, device: str = "cuda"
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(w1, s1, w2, s2): seeded FP8 experts in SPEC §2's layouts."""
     gen = dict(generator=generator, device=device)
-    w1 = torch.randn(experts, 2 * inter, hidden, **gen) / hidden ** 0.5
-    w2 = torch.randn(experts, hidden, inter, **gen) / inter ** 0.5
+    w1 = torch.randn(experts, 2 * inter, hidden, **gen) / hidden**0.5
+    w2 = torch.randn(experts, hidden, inter, **gen) / inter**0.5
     return (*quantize_weights(w1), *quantize_weights(w2))

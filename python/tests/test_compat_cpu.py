@@ -20,13 +20,28 @@ from megamoe.compat.hybrid_ep import HybridEPBuffer
 # (init_hybrid_ep_buffer, HybridEPDispatch, HybridEPCombine); the fused flags only when set.
 MEGATRON_0_19_2_CALLS = {
     "HybridEPBuffer": {
-        "group", "hidden_dim", "max_num_of_tokens_per_rank", "num_local_experts", "use_fp8",
-        "num_sms_dispatch_api", "num_sms_combine_api", "num_blocks_permute", "num_blocks_unpermute",
+        "group",
+        "hidden_dim",
+        "max_num_of_tokens_per_rank",
+        "num_local_experts",
+        "use_fp8",
+        "num_sms_dispatch_api",
+        "num_sms_combine_api",
+        "num_blocks_permute",
+        "num_blocks_unpermute",
         "num_sms_preprocessing_api",
     },
     "dispatch_with_permute": {
-        "hidden", "routing_map", "probs", "scaling_factor", "num_of_experts_per_rank", "pad_multiple",
-        "num_permuted_tokens", "non_blocking", "fuse_permute_dispatch", "handle",
+        "hidden",
+        "routing_map",
+        "probs",
+        "scaling_factor",
+        "num_of_experts_per_rank",
+        "pad_multiple",
+        "num_permuted_tokens",
+        "non_blocking",
+        "fuse_permute_dispatch",
+        "handle",
     },
     "combine_with_unpermute": {"hidden", "probs", "handle", "pad_multiple", "fuse_unpermute_combine"},
 }
@@ -47,7 +62,10 @@ def test_every_keyword_megatron_passes_is_a_parameter(name):
 
 def test_the_fused_flags_are_real_keyword_only_parameters():
     # Megatron falls back to unfused calls unless inspect.signature shows the flag.
-    for name, flag in (("dispatch_with_permute", "fuse_permute_dispatch"), ("combine_with_unpermute", "fuse_unpermute_combine")):
+    for name, flag in (
+        ("dispatch_with_permute", "fuse_permute_dispatch"),
+        ("combine_with_unpermute", "fuse_unpermute_combine"),
+    ):
         params = parameters(name)
         assert params[flag].kind == inspect.Parameter.KEYWORD_ONLY
         assert all(p.kind == p.KEYWORD_ONLY for n, p in params.items() if n != "self"), name
@@ -116,7 +134,9 @@ def test_the_recorded_keywords_are_those_of_the_installed_megatron():
     if version == "0.19.2":
         assert found == MEGATRON_0_19_2_CALLS
     for name, keywords in found.items():
-        assert keywords <= set(parameters(name)), f"megatron-core {version}: {name} passes {sorted(keywords - set(parameters(name)))}"
+        assert keywords <= set(parameters(name)), (
+            f"megatron-core {version}: {name} passes {sorted(keywords - set(parameters(name)))}"
+        )
 
 
 class OneRankGroup:
@@ -185,7 +205,9 @@ def test_install_writes_a_deep_ep_that_megatron_imports_as_megamoe(tmp_path):
         "try:\n    from deep_ep import Buffer\nexcept ImportError:\n    print('no Buffer')\n"
     )
     search = os.pathsep.join([str(target)] + [p for p in sys.path if p])  # megamoe as found here
-    out = subprocess.run([sys.executable, "-c", probe], env=dict(os.environ, PYTHONPATH=search), capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", probe], env=dict(os.environ, PYTHONPATH=search), capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["megamoe.compat.hybrid_ep", "no", "Buffer"]
     # Installing again rewrites megamoe's own package.

@@ -13,9 +13,7 @@ torch = pytest.importorskip("torch", reason="the HybridEP-compatible buffer need
 import megamoe  # noqa: E402
 from megamoe.compat.hybrid_ep import Handle, HybridEPBuffer  # noqa: E402
 
-pytestmark = pytest.mark.skipif(
-    not (torch.cuda.is_available() and megamoe.gpu_available()), reason="no CUDA GPU"
-)
+pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and megamoe.gpu_available()), reason="no CUDA GPU")
 
 HIDDEN, TOKENS, LOCAL = 256, 48, 4
 
@@ -69,8 +67,14 @@ def reference(ins, pad):
             rows += [torch.zeros(HIDDEN, dtype=torch.bfloat16)] * (padded - n)
             probs += [0.0] * (padded - n)
             counts.append(padded)
-        out.append(dict(rows=torch.stack(rows) if rows else torch.zeros(0, HIDDEN, dtype=torch.bfloat16),
-                        probs=torch.tensor(probs), counts=counts, where=where))
+        out.append(
+            dict(
+                rows=torch.stack(rows) if rows else torch.zeros(0, HIDDEN, dtype=torch.bfloat16),
+                probs=torch.tensor(probs),
+                counts=counts,
+                where=where,
+            )
+        )
     return out
 
 
@@ -86,8 +90,13 @@ def test_dispatch_combine_and_their_backwards_match_pytorch(ranks, num_topk, pad
     ins = inputs(ranks, 2, seed=ranks * 10 + (pad or 0))
     x, rmap, probs = split(ins)
     rows, row_probs, scale, tpe, handle = b.dispatch_with_permute(
-        hidden=x, routing_map=rmap, probs=probs, num_of_experts_per_rank=LOCAL, pad_multiple=pad,
-        fuse_permute_dispatch=True)
+        hidden=x,
+        routing_map=rmap,
+        probs=probs,
+        num_of_experts_per_rank=LOCAL,
+        pad_multiple=pad,
+        fuse_permute_dispatch=True,
+    )
     want = reference(ins, pad or 1)
     assert scale is None and isinstance(handle, Handle)
     for d in range(ranks):
@@ -116,7 +125,9 @@ def test_dispatch_combine_and_their_backwards_match_pytorch(ranks, num_topk, pad
         assert gx[src].shape == x[src].shape
     # Combine's backward: the output gradient dispatched along the handle (padding rows zero).
     gy = [torch.randn_like(t) for t in x]
-    back, _, _, _, same = b.dispatch_with_permute(hidden=gy, handle=handle, pad_multiple=pad, fuse_permute_dispatch=True)
+    back, _, _, _, same = b.dispatch_with_permute(
+        hidden=gy, handle=handle, pad_multiple=pad, fuse_permute_dispatch=True
+    )
     assert same is handle
     ref = reference([(g, m, p) for g, m, p in zip(gy, rmap, probs)], pad or 1)
     for d in range(ranks):
@@ -129,7 +140,8 @@ def test_non_blocking_keeps_counts_on_the_gpu_and_flags_an_overflow():
     exact = reference([(x[0], rmap[0], probs[0])], 1)[0]
     n = exact["rows"].shape[0]
     rows, _, _, tpe, h = b.dispatch_with_permute(
-        hidden=x, routing_map=rmap, probs=probs, num_permuted_tokens=n + 8, non_blocking=True)
+        hidden=x, routing_map=rmap, probs=probs, num_permuted_tokens=n + 8, non_blocking=True
+    )
     assert rows[0].shape[0] == n + 8
     assert tpe[0].device.type == "cuda" and tpe[0].dtype == torch.int64
     assert tpe[0].tolist() == exact["counts"] and int(h.overflow_flag[0]) == 0
@@ -138,11 +150,13 @@ def test_non_blocking_keeps_counts_on_the_gpu_and_flags_an_overflow():
     torch.testing.assert_close(y[0], (x[0].float() * rmap[0].sum(1, keepdim=True)).to(torch.bfloat16))
     # A budget below the rows: no rows move and the flag says so; the next blocking call clears it.
     _, _, _, _, over = b.dispatch_with_permute(
-        hidden=x, routing_map=rmap, probs=probs, num_permuted_tokens=n // 2, non_blocking=True)
+        hidden=x, routing_map=rmap, probs=probs, num_permuted_tokens=n // 2, non_blocking=True
+    )
     assert int(over.overflow_flag[0]) != 0
     b.dispatch_with_permute(hidden=x, routing_map=rmap, probs=probs)
     _, _, _, _, fine = b.dispatch_with_permute(
-        hidden=x, routing_map=rmap, probs=probs, num_permuted_tokens=n, non_blocking=True)
+        hidden=x, routing_map=rmap, probs=probs, num_permuted_tokens=n, non_blocking=True
+    )
     assert int(fine.overflow_flag[0]) == 0
     b.sync()
 
@@ -153,7 +167,8 @@ def test_a_token_past_the_topk_bound_is_refused_or_flagged():
     with pytest.raises(ValueError, match="^routing_map: a token routes to 3 experts"):
         b.dispatch_with_permute(hidden=x, routing_map=rmap, probs=probs)
     _, _, _, _, h = b.dispatch_with_permute(
-        hidden=x, routing_map=rmap, probs=probs, num_permuted_tokens=3 * TOKENS, non_blocking=True)
+        hidden=x, routing_map=rmap, probs=probs, num_permuted_tokens=3 * TOKENS, non_blocking=True
+    )
     assert int(h.overflow_flag[0]) != 0
     b.sync()
 
@@ -166,8 +181,13 @@ def bad_cases(x, rmap, probs):
         (dict(probs=[probs[0].double()]), "probs"),
         (dict(probs=[probs[0][: t - 1]]), "probs"),
         (dict(hidden=[x[0].float()]), "hidden"),
-        (dict(hidden=[torch.zeros(TOKENS + 1, HIDDEN, dtype=torch.bfloat16, device="cuda")],
-              routing_map=[torch.zeros(TOKENS + 1, LOCAL, dtype=torch.bool, device="cuda")]), "hidden"),
+        (
+            dict(
+                hidden=[torch.zeros(TOKENS + 1, HIDDEN, dtype=torch.bfloat16, device="cuda")],
+                routing_map=[torch.zeros(TOKENS + 1, LOCAL, dtype=torch.bool, device="cuda")],
+            ),
+            "hidden",
+        ),
         (dict(num_of_experts_per_rank=LOCAL + 1), "num_of_experts_per_rank"),
         (dict(pad_multiple=17), "pad_multiple"),
         (dict(non_blocking=True), "num_permuted_tokens"),
@@ -188,11 +208,13 @@ def test_bad_input_is_a_value_error_naming_it_and_nothing_is_written():
     other = buffer(2)
     x2, rmap2, probs2 = split(inputs(2, 2, seed=8))
     _, _, _, _, foreign = other.dispatch_with_permute(hidden=x2, routing_map=rmap2, probs=probs2)
-    for call in (lambda: b.combine_with_unpermute(hidden=rows, handle=foreign),
-                 lambda: b.combine_with_unpermute(hidden=rows, handle=tuple(h)),
-                 lambda: b.dispatch_with_permute(hidden=x, handle=foreign),
-                 lambda: b.combine_with_unpermute(hidden=rows, handle=h, pad_multiple=16),
-                 lambda: b.combine_with_unpermute(hidden=[rows[0][1:]], handle=h)):
+    for call in (
+        lambda: b.combine_with_unpermute(hidden=rows, handle=foreign),
+        lambda: b.combine_with_unpermute(hidden=rows, handle=tuple(h)),
+        lambda: b.dispatch_with_permute(hidden=x, handle=foreign),
+        lambda: b.combine_with_unpermute(hidden=rows, handle=h, pad_multiple=16),
+        lambda: b.combine_with_unpermute(hidden=[rows[0][1:]], handle=h),
+    ):
         with pytest.raises(ValueError, match="^(handle|pad_multiple|hidden)"):
             call()
     # The earlier handle still combines to the same bits, and the buffer dispatches again.

@@ -81,8 +81,21 @@ def test_reference_matches_the_command_line():
     assert one["outputs"][0] == b"".join(ref["outputs"])
     assert one["hash"] == ref["hash"]
     out = subprocess.run(
-        [command_line(), "run", "--preset", "tiny", "--ranks", "2", "--tokens", "64",
-         "--seed", "3", "--backend", "cpu", "--json"],
+        [
+            command_line(),
+            "run",
+            "--preset",
+            "tiny",
+            "--ranks",
+            "2",
+            "--tokens",
+            "64",
+            "--seed",
+            "3",
+            "--backend",
+            "cpu",
+            "--json",
+        ],
         check=True,
         capture_output=True,
         text=True,

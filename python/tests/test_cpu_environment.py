@@ -14,8 +14,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 def python(code, cwd, env=None):
     """`code` in a fresh interpreter (this one's, so the installed megamoe) run from `cwd`."""
-    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 
 # torch made unimportable (as when it is not installed), then each way in that needs it.
@@ -64,14 +63,17 @@ def test_nvrtc_is_found_in_the_python_environments_nvidia_packages(tmp_path):
     site = tmp_path / "site"
     (site / "nvidia" / "cu13").mkdir(parents=True)
     (site / "nvidia" / "cu13" / "lib").symlink_to(lib)
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("MEGAMOE_") and k != "LD_LIBRARY_PATH"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEGAMOE_") and k != "LD_LIBRARY_PATH"}
     env["PYTHONPATH"] = str(site)
     # From a folder with no .toolchain above it.
     work = tmp_path / "work"
     work.mkdir()
-    probe = python("import ctypes\ntry:\n    ctypes.CDLL('libnvrtc.so.13')\n    print('loader')\n"
-                   "except OSError:\n    print('none')", work, env)
+    probe = python(
+        "import ctypes\ntry:\n    ctypes.CDLL('libnvrtc.so.13')\n    print('loader')\n"
+        "except OSError:\n    print('none')",
+        work,
+        env,
+    )
     out = python("import megamoe; print(megamoe.info())", work, env)
     assert out.returncode == 0, out.stderr
     nvrtc = next(line for line in out.stdout.splitlines() if line.startswith("nvrtc"))

@@ -19,39 +19,66 @@ HAS_TORCH = importlib.util.find_spec("torch") is not None
 # DeepGEMM's mega-MoE Python API: name -> [(parameter, default)], E for none.
 DEEPGEMM = {
     "get_symm_buffer_for_mega_moe": [
-        ("group", E), ("num_experts", E), ("num_max_tokens_per_rank", E), ("num_topk", E),
-        ("hidden", E), ("intermediate_hidden", E), ("use_fp8_dispatch", True),
-        ("activation", "swiglu"), ("fused", False), ("num_experts_per_wave", None),
-        ("l2_act_sf_gran_k", None)],
+        ("group", E),
+        ("num_experts", E),
+        ("num_max_tokens_per_rank", E),
+        ("num_topk", E),
+        ("hidden", E),
+        ("intermediate_hidden", E),
+        ("use_fp8_dispatch", True),
+        ("activation", "swiglu"),
+        ("fused", False),
+        ("num_experts_per_wave", None),
+        ("l2_act_sf_gran_k", None),
+    ],
     "transform_weights_for_mega_moe": [("l1_weights", E), ("l2_weights", E)],
     "transform_weights_for_mega_moe_sm90": [("l1_weights", E), ("l2_weights", E)],
     "fp8_mega_moe": [
-        ("y", E), ("l1_weights", E), ("l2_weights", E), ("sym_buffer", E),
-        ("cumulative_local_expert_recv_stats", None), ("recipe", (128, 128, 128)),
-        ("activation", "swiglu"), ("activation_clamp", None), ("fast_math", True),
-        ("num_tokens_bound", None)],
+        ("y", E),
+        ("l1_weights", E),
+        ("l2_weights", E),
+        ("sym_buffer", E),
+        ("cumulative_local_expert_recv_stats", None),
+        ("recipe", (128, 128, 128)),
+        ("activation", "swiglu"),
+        ("activation_clamp", None),
+        ("fast_math", True),
+        ("num_tokens_bound", None),
+    ],
 }
 # megamoe's keyword-only additions, name -> [(parameter, default)]: DeepGEMM's calls (positional or
 # by keyword) never reach them.
 MEGAMOE_KEYWORDS = {"get_symm_buffer_for_mega_moe": [("accumulation", "per-block")]}
 # Its buffer class's constructor (megamoe's takes the fused buffer's keywords after these).
 SYMM_BUFFER = [
-    ("group", E), ("num_experts", E), ("num_max_tokens_per_rank", E), ("num_topk", E),
-    ("hidden", E), ("intermediate_hidden", E), ("use_fp8_dispatch", True),
-    ("activation", "swiglu")]
+    ("group", E),
+    ("num_experts", E),
+    ("num_max_tokens_per_rank", E),
+    ("num_topk", E),
+    ("hidden", E),
+    ("intermediate_hidden", E),
+    ("use_fp8_dispatch", True),
+    ("activation", "swiglu"),
+]
 # Its native size and alignment queries take their arguments by position, in this order.
 NATIVE = {
     "get_token_alignment_for_mega_moe": [],
     "get_symm_buffer_size_for_mega_moe": [
-        "num_ranks", "num_experts", "num_max_tokens_per_rank", "num_topk", "hidden",
-        "intermediate_hidden", "use_fp8_dispatch", "activation"],
+        "num_ranks",
+        "num_experts",
+        "num_max_tokens_per_rank",
+        "num_topk",
+        "hidden",
+        "intermediate_hidden",
+        "use_fp8_dispatch",
+        "activation",
+    ],
 }
 
 
 def params(fn, skip_self=False, keyword_only=False):
     ps = list(inspect.signature(fn).parameters.values())
-    return [(p.name, p.default) for p in ps[1 if skip_self else 0:]
-            if (p.kind == p.KEYWORD_ONLY) == keyword_only]
+    return [(p.name, p.default) for p in ps[1 if skip_self else 0 :] if (p.kind == p.KEYWORD_ONLY) == keyword_only]
 
 
 @pytest.mark.parametrize("name", sorted(DEEPGEMM))
@@ -63,11 +90,9 @@ def test_the_entry_points_have_deepgemms_signatures(name):
 
 def test_the_buffer_takes_deepgemms_arguments_first():
     got = params(deep_gemm.SymmBuffer.__init__, skip_self=True)
-    assert got[:len(SYMM_BUFFER)] == SYMM_BUFFER
-    assert [n for n, _ in got[len(SYMM_BUFFER):]] == [
-        "fused", "num_experts_per_wave", "l2_act_sf_gran_k"]
-    assert params(deep_gemm.SymmBuffer.__init__, keyword_only=True) == [
-        ("accumulation", "per-block")]
+    assert got[: len(SYMM_BUFFER)] == SYMM_BUFFER
+    assert [n for n, _ in got[len(SYMM_BUFFER) :]] == ["fused", "num_experts_per_wave", "l2_act_sf_gran_k"]
+    assert params(deep_gemm.SymmBuffer.__init__, keyword_only=True) == [("accumulation", "per-block")]
 
 
 @pytest.mark.parametrize("name", sorted(NATIVE))
@@ -101,20 +126,30 @@ BAD_BUFFERS = [
 
 @pytest.mark.parametrize("bad, name", BAD_BUFFERS)
 def test_bad_buffer_arguments_are_value_errors_naming_them(bad, name):
-    args = dict(group=None, num_experts=16, num_max_tokens_per_rank=64, num_topk=4, hidden=256,
-                intermediate_hidden=128, fused=True)
+    args = dict(
+        group=None,
+        num_experts=16,
+        num_max_tokens_per_rank=64,
+        num_topk=4,
+        hidden=256,
+        intermediate_hidden=128,
+        fused=True,
+    )
     args.update(bad)
     with pytest.raises(ValueError, match=name):
         deep_gemm.get_symm_buffer_for_mega_moe(**args)
 
 
-@pytest.mark.parametrize("bad, name", [
-    (dict(recipe=(1, 1, 32)), "recipe"),
-    (dict(activation="relu"), "activation"),
-    (dict(activation_clamp=-1.0), "activation_clamp"),
-    (dict(activation_clamp=float("nan")), "activation_clamp"),
-    (dict(), "sym_buffer"),
-])
+@pytest.mark.parametrize(
+    "bad, name",
+    [
+        (dict(recipe=(1, 1, 32)), "recipe"),
+        (dict(activation="relu"), "activation"),
+        (dict(activation_clamp=-1.0), "activation_clamp"),
+        (dict(activation_clamp=float("nan")), "activation_clamp"),
+        (dict(), "sym_buffer"),
+    ],
+)
 def test_bad_call_arguments_are_value_errors_naming_them(bad, name):
     # Checked before the buffer is touched: a wrong buffer comes last.
     with pytest.raises(ValueError, match=name):
@@ -122,8 +157,15 @@ def test_bad_call_arguments_are_value_errors_naming_them(bad, name):
 
 
 def test_the_old_scale_granularity_keyword_warns_and_still_works():
-    flash = dict(num_ranks=8, num_experts=256, num_max_tokens_per_rank=8192, num_topk=6,
-                 hidden=4096, intermediate_hidden=2048, kind="split")
+    flash = dict(
+        num_ranks=8,
+        num_experts=256,
+        num_max_tokens_per_rank=8192,
+        num_topk=6,
+        hidden=4096,
+        intermediate_hidden=2048,
+        kind="split",
+    )
     new = megamoe.get_symm_buffer_size(**flash, scale_granularity=64)
     with pytest.warns(DeprecationWarning, match="scale_granularity"):
         old = megamoe.get_symm_buffer_size(**flash, group=64)

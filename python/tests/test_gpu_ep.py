@@ -14,11 +14,10 @@ torch = pytest.importorskip("torch", reason="megamoe.ep needs torch")
 
 import megamoe  # noqa: E402
 from megamoe import ep  # noqa: E402
+
 from _procs import run_two_processes  # noqa: E402
 
-pytestmark = pytest.mark.skipif(
-    not (torch.cuda.is_available() and megamoe.gpu_available()), reason="no CUDA GPU"
-)
+pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and megamoe.gpu_available()), reason="no CUDA GPU")
 
 EXPERTS, TOPK, HIDDEN, TOKENS = 32, 4, 256, 64
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
@@ -89,7 +88,10 @@ def test_forward_and_backward_bitwise_against_the_cpu_reference(ranks, dtype, or
 
     d = ep.dispatch_with_permute_ranks(b, x, idx, probs, pad, order)
     # Combine input, which is also the row gradient of dispatch's backward.
-    rows = [torch.randn(n, HIDDEN, generator=g).to(torch.bfloat16).to(dev[r]).requires_grad_() for r, n in enumerate(d.handle.num_rows)]
+    rows = [
+        torch.randn(n, HIDDEN, generator=g).to(torch.bfloat16).to(dev[r]).requires_grad_()
+        for r, n in enumerate(d.handle.num_rows)
+    ]
     y = ep.combine_with_unpermute_ranks(b, rows, d.handle, order)
     grad_y = [torch.randn(TOKENS, HIDDEN, generator=g).to(torch.bfloat16).to(dev[r]) for r in range(ranks)]
     torch.autograd.backward(y, grad_y)
@@ -98,7 +100,18 @@ def test_forward_and_backward_bitwise_against_the_cpu_reference(ranks, dtype, or
 
     if dtype == "fp8":
         quantized = [ep.quantize_fp8(t.detach()) for t in x]
-        want = ep.reference(b, [c for c, _ in quantized], idx, probs, pad, rows, grad_row_probs, grad_y, order, [s for _, s in quantized])
+        want = ep.reference(
+            b,
+            [c for c, _ in quantized],
+            idx,
+            probs,
+            pad,
+            rows,
+            grad_row_probs,
+            grad_y,
+            order,
+            [s for _, s in quantized],
+        )
         same_bits("dispatched e4m3 rows", [c for c, _ in d.fp8], want["rows"])
         same_bits("dispatched scales", [s for _, s in d.fp8], want["scales"])
         same_bits("dequantized rows", d.rows, [ep.dequantize_fp8(c, s) for c, s in zip(want["rows"], want["scales"])])

@@ -13,11 +13,10 @@ torch = pytest.importorskip("torch", reason="megamoe.ep needs torch")
 
 import megamoe  # noqa: E402
 from megamoe import _megamoe  # noqa: E402
+
 from _procs import FAILING_EXCHANGES, run_two_processes  # noqa: E402
 
-pytestmark = pytest.mark.skipif(
-    not (torch.cuda.is_available() and megamoe.gpu_available()), reason="no CUDA GPU"
-)
+pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and megamoe.gpu_available()), reason="no CUDA GPU")
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 

@@ -16,6 +16,7 @@ import megamoe
 
 try:
     import torch
+
     from megamoe import torch_reference as ref
 except ImportError:
     torch = None
@@ -38,8 +39,14 @@ TINY = dict(num_experts=16, num_topk=4, hidden=256, intermediate_hidden=128)
 
 def build(ranks, shape, kind, max_tokens, weights):
     layer = megamoe.get_symm_buffer_for_mega_moe(
-        ranks, shape["num_experts"], max_tokens, shape["num_topk"], shape["hidden"],
-        shape["intermediate_hidden"], kind=kind)
+        ranks,
+        shape["num_experts"],
+        max_tokens,
+        shape["num_topk"],
+        shape["hidden"],
+        shape["intermediate_hidden"],
+        kind=kind,
+    )
     layer.load_weights(*weights)
     return layer
 
@@ -55,8 +62,7 @@ def case(request):
     x, idx, w = ref.random_batch(2 * shape["tokens"], h, e, k, masked=0.1, generator=gen)
     group = megamoe.MoELayer(1, e, 1, k, h, i).scale_granularity
     y = ref.moe_forward(x, idx, w, *weights, group=group)
-    return dict(name=request.param, shape=shape, weights=weights, batch=(x, idx, w),
-                reference=y, outputs={})
+    return dict(name=request.param, shape=shape, weights=weights, batch=(x, idx, w), reference=y, outputs={})
 
 
 def output(case, kind, ranks):
@@ -70,8 +76,7 @@ def output(case, kind, ranks):
             y = layer.forward(x, idx, w)
         else:
             # int32 ids here, torch.topk's int64 at R = 1: both are taken.
-            y = torch.cat(layer.forward_ranks(list(x.split(t)), [s.int() for s in idx.split(t)],
-                                              list(w.split(t))))
+            y = torch.cat(layer.forward_ranks(list(x.split(t)), [s.int() for s in idx.split(t)], list(w.split(t))))
         case["outputs"][key] = y
     return case["outputs"][key]
 
@@ -84,8 +89,10 @@ def test_the_layer_matches_the_torch_reference(case, kind, ranks):
     assert y.dtype == torch.bfloat16 and y.shape == case["reference"].shape
     d = ref.diff(y, case["reference"])
     same = (y == case["reference"]).float().mean().item()
-    print(f"{case['name']} {kind} R={ranks}: diff {d:.2e} against the torch reference, "
-          f"{same:.1%} of the outputs bit-equal")
+    print(
+        f"{case['name']} {kind} R={ranks}: diff {d:.2e} against the torch reference, "
+        f"{same:.1%} of the outputs bit-equal"
+    )
     assert d <= MAX_DIFF
 
 
@@ -178,9 +185,21 @@ def corrupt(x, idx, w, arg):
 
 
 @needs_gpu
-@pytest.mark.parametrize("bad", ["x dtype", "x device", "x layout", "x alignment", "x tokens",
-                                 "topk_idx shape", "topk_idx range", "topk_idx twice",
-                                 "topk_idx wide", "topk_weights value"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "x dtype",
+        "x device",
+        "x layout",
+        "x alignment",
+        "x tokens",
+        "topk_idx shape",
+        "topk_idx range",
+        "topk_idx twice",
+        "topk_idx wide",
+        "topk_weights value",
+    ],
+)
 def test_bad_arguments_are_value_errors_naming_them(tiny, bad):
     layer, _, (x, idx, w) = tiny
     want = layer.forward_ranks([x, x[:0]], [idx, idx[:0]], [w, w[:0]])
@@ -220,8 +239,7 @@ def test_bad_calls_name_what_is_wrong(tiny):
 def gemm_operands(e, n, k, group, rows, gen):
     """Quantized activations of `rows` [E] valid rows each and weights: (a rows per expert as
     (codes, scales [rows, K/G]), b, b_scales)."""
-    acts = [ref.quantize(torch.randn(m, k, device="cuda", generator=gen), group, ref.INPUT_FLOOR)
-            for m in rows]
+    acts = [ref.quantize(torch.randn(m, k, device="cuda", generator=gen), group, ref.INPUT_FLOOR) for m in rows]
     b, sb = ref.quantize_weights(torch.randn(e, n, k, device="cuda", generator=gen))
     return acts, b, sb
 
@@ -241,8 +259,8 @@ def test_grouped_gemm_contiguous_matches_torch(group, out_dtype):
     sa = torch.zeros(k // group, m_total, device="cuda")
     start = 0
     for (q, s), m, p in zip(acts, rows, padded):
-        a[start:start + m] = q
-        sa[:, start:start + m] = s.t()
+        a[start : start + m] = q
+        sa[:, start : start + m] = s.t()
         start += p
     expert_rows = torch.tensor(padded, dtype=torch.int32, device="cuda")
     out = torch.full((m_total, n), float("nan"), dtype=out_dtype, device="cuda")
@@ -250,9 +268,9 @@ def test_grouped_gemm_contiguous_matches_torch(group, out_dtype):
     start = 0
     for ex, ((q, s), m, p) in enumerate(zip(acts, rows, padded)):
         want = ref.block_gemm(q, s, b[ex], sb[ex], group)
-        d = ref.diff(out[start:start + m].float(), want)
+        d = ref.diff(out[start : start + m].float(), want)
         assert d <= MAX_DIFF, (ex, d)
-        assert torch.all(out[start + m:start + p] == 0), "padding rows are written as 0"
+        assert torch.all(out[start + m : start + p] == 0), "padding rows are written as 0"
         start += p
     print(f"contiguous G={group} {out_dtype}: diff {d:.2e} (last expert)")
 
@@ -297,8 +315,7 @@ def test_grouped_gemm_bad_arguments_name_them():
         ((a, sa[:1, :100], b, sb, rows, out), "a_scales"),
         ((a, sa, b, sb, rows, out.half()), "out"),
         ((a, sa, b.cpu(), sb, rows, out), "b"),
-        ((a, sa, b[:, :200].contiguous(), sb[:, :1].contiguous(), rows,
-          out[:, :200].contiguous()), "b"),  # N = 200
+        ((a, sa, b[:, :200].contiguous(), sb[:, :1].contiguous(), rows, out[:, :200].contiguous()), "b"),  # N = 200
     ]:
         with pytest.raises(ValueError, match=rf"^{arg}\b"):
             gemm(*args)

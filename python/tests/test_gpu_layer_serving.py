@@ -15,11 +15,10 @@ torch = pytest.importorskip("torch", reason="the GPU layer takes torch tensors")
 import megamoe  # noqa: E402
 import megamoe.deep_gemm as deep_gemm  # noqa: E402
 from megamoe import torch_reference as ref  # noqa: E402
+
 from _procs import run_two_processes  # noqa: E402
 
-pytestmark = pytest.mark.skipif(
-    not (torch.cuda.is_available() and megamoe.gpu_available()), reason="no CUDA GPU"
-)
+pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and megamoe.gpu_available()), reason="no CUDA GPU")
 
 E, K, H, I = 16, 4, 256, 128
 MAX_DIFF = 1e-4
@@ -42,8 +41,7 @@ def seeded_weights(seed):
 def seeded_batch(seed, tokens, masked=0.1):
     """(x, topk_idx, topk_weights) on the GPU, the same in every process for one seed."""
     g = torch.Generator().manual_seed(seed)
-    return [t.cuda() for t in ref.random_batch(tokens, H, E, K, masked=masked, generator=g,
-                                               device="cpu")]
+    return [t.cuda() for t in ref.random_batch(tokens, H, E, K, masked=masked, generator=g, device="cpu")]
 
 
 def deep_gemm_round(buffer, weights, x, idx, w, stats):
@@ -64,7 +62,7 @@ def deep_gemm_round(buffer, weights, x, idx, w, stats):
 def received(idx, first, count):
     """Rows each of experts first..first+count-1 receives from `idx` (any rank's)."""
     ids = idx[idx >= 0].flatten().cpu()
-    return torch.bincount(ids, minlength=E)[first:first + count].int()
+    return torch.bincount(ids, minlength=E)[first : first + count].int()
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -102,7 +100,7 @@ def _deep_gemm_rank(rank):
     el = E // 2
     weights = seeded_weights(1)
     batches = [seeded_batch(10 + r, 48 - 8 * r) for r in range(2)]
-    mine = [t[rank * el:(rank + 1) * el].contiguous() for t in weights]
+    mine = [t[rank * el : (rank + 1) * el].contiguous() for t in weights]
     x, idx, w = batches[rank]
     buffer = deep_gemm.get_symm_buffer_for_mega_moe(group, E, 48, K, H, I, fused=True)
     stats = torch.zeros(el, dtype=torch.int32, device="cuda")
@@ -183,8 +181,7 @@ def test_a_deep_gemm_step_is_captured_and_replayed():
         buffer.x_sf[:32].copy_(sx)
         buffer.topk_idx[:32].copy_(idx)
         buffer.topk_weights[:32].copy_(w)
-        deep_gemm.fp8_mega_moe(y, l1, l2, buffer, cumulative_local_expert_recv_stats=stats,
-                               num_tokens_bound=32)
+        deep_gemm.fp8_mega_moe(y, l1, l2, buffer, cumulative_local_expert_recv_stats=stats, num_tokens_bound=32)
     graph.replay()
     torch.cuda.synchronize()
     assert same_bits(y, want)

@@ -16,8 +16,7 @@ from megamoe import _megamoe
 from _procs import Gather, assert_rejected_before_any_exchange
 
 # The tiny preset on 2 ranks.
-TINY = dict(num_ranks=2, num_experts=16, num_max_tokens_per_rank=64, num_topk=4, hidden=256,
-            intermediate_hidden=128)
+TINY = dict(num_ranks=2, num_experts=16, num_max_tokens_per_rank=64, num_topk=4, hidden=256, intermediate_hidden=128)
 
 
 def rank_layer(gather, **kw):
@@ -91,8 +90,7 @@ def fake_dist(monkeypatch):
     return gather, dist
 
 
-PER_PROCESS = dict(num_experts=16, num_max_tokens_per_rank=64, num_topk=4, hidden=256,
-                   intermediate_hidden=128)
+PER_PROCESS = dict(num_experts=16, num_max_tokens_per_rank=64, num_topk=4, hidden=256, intermediate_hidden=128)
 
 
 @pytest.mark.parametrize(

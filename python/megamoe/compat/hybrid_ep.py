@@ -129,12 +129,30 @@ class HybridEPBuffer:
         deadline_ms: int | None = None,
     ):
         if group is None:
-            raise ValueError("group: a torch.distributed process group is required (for every rank "
-                             "in one process use HybridEPBuffer.for_virtual_world)")
-        sms = [_positive(name, n) for name, n in (("num_sms_dispatch_api", num_sms_dispatch_api),
-                                                  ("num_sms_combine_api", num_sms_combine_api)) if n is not None]
-        self._setup(group, None, hidden_dim, max_num_of_tokens_per_rank, num_local_experts, use_fp8,
-                    max(sms) if sms else None, num_topk, max_pad_multiple, deadline_ms)
+            raise ValueError(
+                "group: a torch.distributed process group is required (for every rank "
+                "in one process use HybridEPBuffer.for_virtual_world)"
+            )
+        sms = [
+            _positive(name, n)
+            for name, n in (
+                ("num_sms_dispatch_api", num_sms_dispatch_api),
+                ("num_sms_combine_api", num_sms_combine_api),
+            )
+            if n is not None
+        ]
+        self._setup(
+            group,
+            None,
+            hidden_dim,
+            max_num_of_tokens_per_rank,
+            num_local_experts,
+            use_fp8,
+            max(sms) if sms else None,
+            num_topk,
+            max_pad_multiple,
+            deadline_ms,
+        )
 
     @classmethod
     def for_virtual_world(
@@ -153,13 +171,33 @@ class HybridEPBuffer:
         ``r % G`` of the G visible GPUs), for tests: the calls take and return lists with one
         tensor per rank where the process-group buffer takes and returns one tensor."""
         buffer = cls.__new__(cls)
-        buffer._setup(None, _positive("num_ranks", num_ranks), hidden_dim, max_num_of_tokens_per_rank,
-                      num_local_experts, False, None if num_sms is None else _positive("num_sms", num_sms),
-                      num_topk, max_pad_multiple, deadline_ms)
+        buffer._setup(
+            None,
+            _positive("num_ranks", num_ranks),
+            hidden_dim,
+            max_num_of_tokens_per_rank,
+            num_local_experts,
+            False,
+            None if num_sms is None else _positive("num_sms", num_sms),
+            num_topk,
+            max_pad_multiple,
+            deadline_ms,
+        )
         return buffer
 
-    def _setup(self, group, num_ranks, hidden_dim, max_tokens, num_local_experts, use_fp8, num_sms,
-               num_topk, max_pad_multiple, deadline_ms):
+    def _setup(
+        self,
+        group,
+        num_ranks,
+        hidden_dim,
+        max_tokens,
+        num_local_experts,
+        use_fp8,
+        num_sms,
+        num_topk,
+        max_pad_multiple,
+        deadline_ms,
+    ):
         if use_fp8:
             raise ValueError("use_fp8: megamoe's HybridEP-compatible buffer moves bf16 rows only")
         self.group = group
@@ -282,8 +320,9 @@ class HybridEPBuffer:
             raise ValueError("routing_map: required when no handle is given")
         th = _torch()
         if num_of_experts_per_rank is not None and num_of_experts_per_rank != self.num_local_experts:
-            raise ValueError(f"num_of_experts_per_rank: {num_of_experts_per_rank}, the buffer was built "
-                             f"for {self.num_local_experts}")
+            raise ValueError(
+                f"num_of_experts_per_rank: {num_of_experts_per_rank}, the buffer was built for {self.num_local_experts}"
+            )
         pad = self._check_pad_multiple(pad_multiple)
         bound = None
         if num_permuted_tokens is not None:
@@ -304,8 +343,9 @@ class HybridEPBuffer:
             self._check_tensor("hidden" + sfx, xi, th.bfloat16, (None, h), devices[i])
             t = xi.shape[0]
             if t > self.max_num_of_tokens_per_rank:
-                raise ValueError(f"hidden{sfx}: {t} tokens exceed max_num_of_tokens_per_rank = "
-                                 f"{self.max_num_of_tokens_per_rank}")
+                raise ValueError(
+                    f"hidden{sfx}: {t} tokens exceed max_num_of_tokens_per_rank = {self.max_num_of_tokens_per_rank}"
+                )
             self._check_tensor("routing_map" + sfx, ri, th.bool, (t, e), devices[i])
             if p is not None:
                 self._check_tensor("probs" + sfx, p[i], th.float32, (t, e), devices[i])
@@ -337,8 +377,10 @@ class HybridEPBuffer:
             # Blocking: the dispatch has waited, so reading the routing's largest row is cheap.
             need = max((int(m) for m in most if m is not None), default=0)
             if need > k:
-                raise ValueError(f"routing_map: a token routes to {need} experts, the buffer's top-k "
-                                 f"bound is {k} (num_topk, or {TOPK_ENV}; at most {MAX_TOPK})")
+                raise ValueError(
+                    f"routing_map: a token routes to {need} experts, the buffer's top-k "
+                    f"bound is {k} (num_topk, or {TOPK_ENV}; at most {MAX_TOPK})"
+                )
             tpe = [th.tensor(t, dtype=th.int64).pin_memory() for t in tpe]
             public_rows = list(state.num_rows)
             flags = self._zero_flags
@@ -443,8 +485,10 @@ class HybridEPBuffer:
         from .. import ep as mep
 
         rows = mep.run_combine_backward(ep, state, [gi.contiguous() for gi in g], wait=False)
-        rows = [r if r.shape[0] == n else th.cat([r, r.new_zeros(n - r.shape[0], self.hidden_dim)])
-                for r, n in zip(rows, handle.num_rows)]
+        rows = [
+            r if r.shape[0] == n else th.cat([r, r.new_zeros(n - r.shape[0], self.hidden_dim)])
+            for r, n in zip(rows, handle.num_rows)
+        ]
         return self._one(rows), None, None, None, handle
 
     def _check_same_pad(self, handle, pad_multiple):

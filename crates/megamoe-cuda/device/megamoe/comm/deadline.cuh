@@ -11,22 +11,22 @@
 namespace megamoe::comm {
 
 struct Deadline {
-  u64 end_ns;
-  __device__ __forceinline__ static Deadline after(u64 timeout_ns) {
-    return Deadline{ptx::globaltimer_ns() + timeout_ns};
-  }
-  __device__ __forceinline__ bool expired() const { return ptx::globaltimer_ns() > end_ns; }
+    u64 end_ns;
+    __device__ __forceinline__ static Deadline after(u64 timeout_ns) {
+        return Deadline{ptx::globaltimer_ns() + timeout_ns};
+    }
+    __device__ __forceinline__ bool expired() const { return ptx::globaltimer_ns() > end_ns; }
 };
 
-__device__ __forceinline__ void report_timeout(WaitRecord* rec, u32 wait, u32 rank, u32 peer,
-                                               u64 observed, u64 expected) {
-  if (ptx::atomic_cas_u32(&rec->status, 0u, 1u) == 0u) {
-    rec->wait = wait;
-    rec->rank = rank;
-    rec->peer = peer;
-    rec->observed = observed;
-    rec->expected = expected;
-  }
+__device__ __forceinline__ void report_timeout(WaitRecord* rec, u32 wait, u32 rank, u32 peer, u64 observed,
+                                               u64 expected) {
+    if (ptx::atomic_cas_u32(&rec->status, 0u, 1u) == 0u) {
+        rec->wait = wait;
+        rec->rank = rank;
+        rec->peer = peer;
+        rec->observed = observed;
+        rec->expected = expected;
+    }
 }
 
 }  // namespace megamoe::comm

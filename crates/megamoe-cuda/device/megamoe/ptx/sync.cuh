@@ -7,17 +7,17 @@ namespace megamoe::ptx {
 
 // Barrier `id` (0 is __syncthreads) over `threads` threads; each kernel names its ids in one enum.
 __device__ __forceinline__ void named_barrier_sync(u32 id, u32 threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
 template <u32 kRegs>
 __device__ __forceinline__ void setmaxnreg_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegs));
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegs));
 }
 
 template <u32 kRegs>
 __device__ __forceinline__ void setmaxnreg_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegs));
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegs));
 }
 
 // Lane 0's value, which the compiler then knows is warp-uniform (all 32 lanes must call it):
@@ -29,35 +29,36 @@ __device__ __forceinline__ u32 warp_index_uniform() { return warp_uniform(thread
 // This CTA's rank in its cluster, the number of CTAs in it, the cluster's index and the number
 // of clusters (x only).
 __device__ __forceinline__ u32 cluster_cta_rank() {
-  u32 r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
 }
 
 __device__ __forceinline__ u32 cluster_cta_count() {
-  u32 r;
-  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
-  return r;
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
+    return r;
 }
 
 __device__ __forceinline__ u32 cluster_index() {
-  u32 r;
-  asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
-  return r;
+    u32 r;
+    asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
+    return r;
 }
 
 __device__ __forceinline__ u32 cluster_count() {
-  u32 r;
-  asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(r));
-  return r;
+    u32 r;
+    asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(r));
+    return r;
 }
 
 // Every thread of every CTA of the cluster: barrier initialisation before a peer may signal
 // it, and no CTA leaving while a peer may still write its shared memory or arrive on it.
 __device__ __forceinline__ void cluster_sync() {
-  asm volatile(
-      "barrier.cluster.arrive.release;\n"
-      "barrier.cluster.wait.acquire;" ::: "memory");
+    asm volatile(
+        "barrier.cluster.arrive.release;\n"
+        "barrier.cluster.wait.acquire;" ::
+            : "memory");
 }
 
 // blockIdx.x read afresh: ptxas may keep a value computed before a role's setmaxnreg live

@@ -26,16 +26,17 @@ __device__ __forceinline__ char* buf(const Layout& l, int rank) { return reinter
 // What the signalling below reads, and nothing of a kernel's data: a kernel with another buffer
 // layout builds one of these and signals the same way.
 struct Signals {
-    const u64* peer_base;  // each rank's symmetric buffer
+    const u64* peer_base;                    // each rank's symmetric buffer
     u64 off_epochs, off_signals, off_error;  // regions inside every rank's buffer
-    u64 deadline_ns;  // budget of every wait
+    u64 deadline_ns;                         // budget of every wait
     megamoe::comm::WaitRecord* wait_record;  // this rank's (local)
     int rank, ranks;
 };
 
 __device__ __forceinline__ Signals signals(const Layout& l) {
-    return Signals{l.peer_base, l.off_epochs, l.off_signals, l.off_error, l.deadline_ns,
-                   reinterpret_cast<megamoe::comm::WaitRecord*>(l.wait_record), l.rank, l.ranks};
+    return Signals{l.peer_base, l.off_epochs,  l.off_signals,
+                   l.off_error, l.deadline_ns, reinterpret_cast<megamoe::comm::WaitRecord*>(l.wait_record),
+                   l.rank,      l.ranks};
 }
 
 __device__ __forceinline__ char* peer(const Signals& s, int rank) { return reinterpret_cast<char*>(s.peer_base[rank]); }
@@ -45,7 +46,8 @@ __device__ __forceinline__ u64* signal(const Signals& s, int owner, int kind, in
 }
 
 // The first error of a call wins; later ones are dropped.
-__device__ __forceinline__ void record_error(const Signals& s, u32 code, u32 what, u32 peer_rank, u64 seen, u64 expected) {
+__device__ __forceinline__ void record_error(const Signals& s, u32 code, u32 what, u32 peer_rank, u64 seen,
+                                             u64 expected) {
     ErrorRecord* e = reinterpret_cast<ErrorRecord*>(peer(s, s.rank) + s.off_error);
     if (atomicCAS(&e->code, 0u, code) == 0u) {
         e->rank = s.rank;
@@ -112,7 +114,8 @@ __device__ __forceinline__ u64 read_epoch(const Signals& s, int family, u64* s_e
 }
 
 __device__ __forceinline__ void store_epoch(const Signals& s, int family, u64 epoch) {
-    if (blockIdx.x == 0 && threadIdx.x == 0) reinterpret_cast<volatile u64*>(peer(s, s.rank) + s.off_epochs)[family] = epoch;
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        reinterpret_cast<volatile u64*>(peer(s, s.rank) + s.off_epochs)[family] = epoch;
 }
 
 }  // namespace ep::comm

@@ -34,7 +34,7 @@ struct DispatchShared {
     int padded[kMaxExperts];     // [E_l]
     int pad_start[kMaxExperts];  // [E_l] exclusive prefix of padding rows
     int pad_total;
-    int tokens[kMaxRanks];       // T of every source rank
+    int tokens[kMaxRanks];  // T of every source rank
     int ok;
     int skip;
     int bad_count;  // the first entry of the count matrix no routing gives, else kNoBadCount
@@ -51,9 +51,7 @@ __device__ __forceinline__ int* count_rows(const Layout& l) {
 __device__ __forceinline__ int* count_row_on(const Layout& l, int d) {
     return reinterpret_cast<int*>(comm::buf(l, d) + l.off_counts) + l.rank * (kMaxExperts + 1);
 }
-__device__ __forceinline__ int* handle_i32(const Layout& l, u64 off) {
-    return reinterpret_cast<int*>(l.handle + off);
-}
+__device__ __forceinline__ int* handle_i32(const Layout& l, u64 off) { return reinterpret_cast<int*>(l.handle + off); }
 
 // Where scale c of output row `row` goes: row-major [rows, S], or group-major [S, stride] (the
 // grouped GEMM's TMA layout) when the call asks for it.
@@ -142,8 +140,9 @@ __device__ void dispatch_meta(const DispatchParams& p, u64 epoch) {
     do {
         const int n = min(tile_slots, last - base);
         __syncthreads();  // the counters are zero, the previous tile is written out
-        for_each_loaded(threadIdx.x, n, blockDim.x, [&](int i) { return __ldg(idx + base + i); },
-                        [&](int i, int e) { tile_e[i] = e; });
+        for_each_loaded(
+            threadIdx.x, n, blockDim.x, [&](int i) { return __ldg(idx + base + i); },
+            [&](int i, int e) { tile_e[i] = e; });
         __syncthreads();
         if (warp == 0) {
             rank_tile(tile_e, tile_rank, n, running, E);
@@ -152,37 +151,38 @@ __device__ void dispatch_meta(const DispatchParams& p, u64 epoch) {
                 if (e >= 0 && e < E) atomicAdd(&below[e], 1);
             };
             const int h = threadIdx.x - 32, hs = blockDim.x - 32;
-            for_each_loaded(h, first / 4, hs, [&](int i) { return __ldg(reinterpret_cast<const int4*>(idx) + i); },
-                            [&](int, int4 v) {
-                                count(v.x);
-                                count(v.y);
-                                count(v.z);
-                                count(v.w);
-                            });
+            for_each_loaded(
+                h, first / 4, hs, [&](int i) { return __ldg(reinterpret_cast<const int4*>(idx) + i); },
+                [&](int, int4 v) {
+                    count(v.x);
+                    count(v.y);
+                    count(v.z);
+                    count(v.w);
+                });
             if (h < first % 4) count(__ldg(idx + first / 4 * 4 + h));
         }
         __syncthreads();
-        for_each_loaded(threadIdx.x, n, blockDim.x, [&](int i) { return __ldg(probs + base + i); },
-                        [&](int i, float prob) {
-                            const int slot = base + i, t = slot / K, k = slot - t * K;
-                            const int e = tile_e[i];
-                            const bool valid = e >= 0 && e < E;
-                            int* row = meta + size_t(t) * 3 * K;
-                            row[k] = e;
-                            row[K + k] = valid ? below[e] + tile_rank[i] : 0;
-                            row[2 * K + k] = __float_as_int(prob);
-                            // The first bad slot (lowest t·K + k) of a rank is reported on every
-                            // rank through an epoch-tagged atomicMax; range before duplicate.
-                            int bad = valid || e == -1 ? -1 : slot << 1;
-                            for (int j = 0; j < k && bad < 0 && valid; ++j)
-                                if (tile_e[i - k + j] == e) bad = (slot << 1) | 1;
-                            if (bad >= 0) {
-                                const u64 tag = (epoch << 32) | (0xffffffffu - u32(bad));
-                                for (int d = 0; d < l.ranks; ++d)
-                                    atomicMax(reinterpret_cast<unsigned long long*>(comm::buf(l, d) + l.off_status) + l.rank,
-                                              tag);
-                            }
-                        });
+        for_each_loaded(
+            threadIdx.x, n, blockDim.x, [&](int i) { return __ldg(probs + base + i); },
+            [&](int i, float prob) {
+                const int slot = base + i, t = slot / K, k = slot - t * K;
+                const int e = tile_e[i];
+                const bool valid = e >= 0 && e < E;
+                int* row = meta + size_t(t) * 3 * K;
+                row[k] = e;
+                row[K + k] = valid ? below[e] + tile_rank[i] : 0;
+                row[2 * K + k] = __float_as_int(prob);
+                // The first bad slot (lowest t·K + k) of a rank is reported on every
+                // rank through an epoch-tagged atomicMax; range before duplicate.
+                int bad = valid || e == -1 ? -1 : slot << 1;
+                for (int j = 0; j < k && bad < 0 && valid; ++j)
+                    if (tile_e[i - k + j] == e) bad = (slot << 1) | 1;
+                if (bad >= 0) {
+                    const u64 tag = (epoch << 32) | (0xffffffffu - u32(bad));
+                    for (int d = 0; d < l.ranks; ++d)
+                        atomicMax(reinterpret_cast<unsigned long long*>(comm::buf(l, d) + l.off_status) + l.rank, tag);
+                }
+            });
         base += n;
     } while (base < last);
 
@@ -259,7 +259,8 @@ __device__ void dispatch_layout(const DispatchParams& p, DispatchShared& s, u64 
     if (warp == 0) {
         const u64 st = lane < R ? reinterpret_cast<volatile u64*>(comm::buf(l, me) + l.off_status)[lane] : 0;
         const u32 bad = __ballot_sync(0xffffffffu, lane < R && (st >> 32) == epoch);
-        if (bad && blockIdx.x == 0 && lane == __ffs(bad) - 1) comm::record_error(comm::signals(l), kBadTopk, 0xffffffffu - u32(st), lane, 0, 0);
+        if (bad && blockIdx.x == 0 && lane == __ffs(bad) - 1)
+            comm::record_error(comm::signals(l), kBadTopk, 0xffffffffu - u32(st), lane, 0, 0);
         if (lane == 0) {
             s.skip = bad != 0;
             if (!s.skip && s.bad_count != kNoBadCount) {
@@ -350,7 +351,10 @@ __device__ void zero_padding(const DispatchParams& p, DispatchShared& s) {
         int lo = 0, hi = El - 1;  // last expert whose padding starts at or before i
         while (lo < hi) {
             const int mid = (lo + hi + 1) >> 1;
-            if (s.pad_start[mid] <= i) lo = mid; else hi = mid - 1;
+            if (s.pad_start[mid] <= i)
+                lo = mid;
+            else
+                hi = mid - 1;
         }
         const int row = s.seg_base[lo] + s.count[lo] + (i - s.pad_start[lo]);
         char* dst = me + l.off_out_rows + size_t(row) * p.row_bytes;

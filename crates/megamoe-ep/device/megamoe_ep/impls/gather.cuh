@@ -13,7 +13,8 @@ __device__ void gather_kernel(const GatherParams& p) {
         const int from = index[i];
         char* dst = reinterpret_cast<char*>(p.dst) + size_t(i) * p.row_bytes;
         const char* src = reinterpret_cast<const char*>(p.src) + size_t(from) * p.row_bytes;
-        for (int c = lane; c < V; c += 32) ptx::st_v4(dst + c * 16, from < 0 ? make_uint4(0, 0, 0, 0) : ptx::ld_nc_v4(src + c * 16));
+        for (int c = lane; c < V; c += 32)
+            ptx::st_v4(dst + c * 16, from < 0 ? make_uint4(0, 0, 0, 0) : ptx::ld_nc_v4(src + c * 16));
     }
 }
 

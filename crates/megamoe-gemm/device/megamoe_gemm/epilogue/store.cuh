@@ -24,15 +24,14 @@ struct StoreRows {
     const EpilogueParams& p;
 
     template <int kWaves, int kAccum>
-    __device__ __forceinline__ void store(u8* /*staging*/, u32 /*wg*/, u32 row0, u32 col0,
-                                          u32 rows_valid, const float (&acc)[kWaves][kAccum]) const {
+    __device__ __forceinline__ void store(u8* /*staging*/, u32 /*wg*/, u32 row0, u32 col0, u32 rows_valid,
+                                          const float (&acc)[kWaves][kAccum]) const {
 #pragma unroll
         for (int w = 0; w < kWaves; ++w) store_wave(row0, col0 + w * 2 * kAccum, rows_valid, acc[w]);
     }
 
     template <int kAccum>
-    __device__ __forceinline__ void store_wave(u32 row0, u32 col0, u32 rows_valid,
-                                               const float (&acc)[kAccum]) const {
+    __device__ __forceinline__ void store_wave(u32 row0, u32 col0, u32 rows_valid, const float (&acc)[kAccum]) const {
         void* out = reinterpret_cast<void*>(p.out);
         const u32 ld = p.n;
         const u32 lane = threadIdx.x % 32;
@@ -97,17 +96,15 @@ struct TmaStoreBf16 {
                 const int j = half * 8 + jj;  // 8-column group inside the slice
                 const u32 chunk = jj + chunk_step;
                 u8* dst = staging + row * 128 + ((chunk ^ (row % 8)) * 16);
-                ptx::stmatrix_x4(dst, ptx::bf16x2(acc[4 * j], acc[4 * j + 1]),
-                                 ptx::bf16x2(acc[4 * j + 2], acc[4 * j + 3]),
-                                 ptx::bf16x2(acc[4 * j + 4], acc[4 * j + 5]),
-                                 ptx::bf16x2(acc[4 * j + 6], acc[4 * j + 7]));
+                ptx::stmatrix_x4(
+                    dst, ptx::bf16x2(acc[4 * j], acc[4 * j + 1]), ptx::bf16x2(acc[4 * j + 2], acc[4 * j + 3]),
+                    ptx::bf16x2(acc[4 * j + 4], acc[4 * j + 5]), ptx::bf16x2(acc[4 * j + 6], acc[4 * j + 7]));
             }
             ptx::fence_proxy_async_shared();
             named_barrier_sync(bar, 128);
             // A partial last n-tile (192-column tiles) ends at N: its halves past N stay home.
             if (leader && col0 + 64 * half < p.n) {
-                ptx::tma_store_2d(&p.tma_d, staging, static_cast<i32>(col0 + 64 * half),
-                                  static_cast<i32>(row0));
+                ptx::tma_store_2d(&p.tma_d, staging, static_cast<i32>(col0 + 64 * half), static_cast<i32>(row0));
                 ptx::bulk_commit_group();
             }
         }

@@ -20,8 +20,8 @@
 
 namespace megamoe::gemm {
 
-template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, bool kMasked, int kClusterM,
-          bool kRescaled, typename Scheduler, typename Epilogue>
+template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, bool kMasked, int kClusterM, bool kRescaled,
+          typename Scheduler, typename Epilogue>
 __device__ __forceinline__ void grouped_gemm_fp8(const GroupedGemmParams& p, const Epilogue& epi) {
     using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>;
     extern __shared__ u8 smem_raw[];
@@ -54,8 +54,8 @@ __device__ __forceinline__ void grouped_gemm_fp8(const GroupedGemmParams& p, con
     if (warp >= kMathWarps) {
         ptx::setmaxnreg_dec<kProducerRegs>();
         if (threadIdx.x == kProducerWarp * 32) {
-            tma_producer<BLOCK_M, BLOCK_N, kStages, kGroupSize, kMasked, kClusterM, Scheduler>(
-                p.mainloop, p.scheduler, smem);
+            tma_producer<BLOCK_M, BLOCK_N, kStages, kGroupSize, kMasked, kClusterM, Scheduler>(p.mainloop, p.scheduler,
+                                                                                               smem);
         }
     } else {
         ptx::setmaxnreg_inc<kConsumerRegs>();

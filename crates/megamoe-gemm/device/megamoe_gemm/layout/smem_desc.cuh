@@ -22,9 +22,7 @@ __device__ __forceinline__ u32 smem_desc_lo_k_major_sw128(const void* tile) {
     return (ptx::smem_addr(tile) >> 4) | (1u << 16);
 }
 
-__device__ __forceinline__ u64 smem_desc_from_lo(u32 lo) {
-    return (static_cast<u64>(kSw128DescHi) << 32) | lo;
-}
+__device__ __forceinline__ u64 smem_desc_from_lo(u32 lo) { return (static_cast<u64>(kSw128DescHi) << 32) | lo; }
 
 __device__ __forceinline__ u64 smem_desc_k_major_sw128(const void* tile, u32 byte_offset) {
     return smem_desc_from_lo(smem_desc_lo_k_major_sw128(tile) + (byte_offset >> 4));

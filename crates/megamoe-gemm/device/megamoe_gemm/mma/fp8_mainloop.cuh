@@ -71,12 +71,12 @@ struct TileWeightScales {
 // more). A 128-column wave lies in one 128 x 128 weight scale block; a 192-column wave starts
 // kScaleShift (0 or 64) columns into one and spans two, its first 128 - kScaleShift columns
 // scaled by the first.
-template <int kWaveN, int kWaves, int kClusterM, int kScaleShift, int BLOCK_M,
-          int BLOCK_N, int kStages, int kGroupSize, int kSaCols>
+template <int kWaveN, int kWaves, int kClusterM, int kScaleShift, int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize,
+          int kSaCols>
 __device__ __forceinline__ void tile_k_loop(const MainloopParams& p,
                                             const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize, kSaCols>& smem,
-                                            RingCursor<kStages>& ring, const Tile& t, u32 wg,
-                                            u32 a_off, u32 b_off, float (&sum)[kWaves][kWaveN / 2]) {
+                                            RingCursor<kStages>& ring, const Tile& t, u32 wg, u32 a_off, u32 b_off,
+                                            float (&sum)[kWaves][kWaveN / 2]) {
     using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize, kSaCols>;
     using Mma = typename WgmmaE4M3<kWaveN>::type;
     constexpr int kScaleCols = Layout::kScaleCols;
@@ -136,8 +136,7 @@ __device__ __forceinline__ void tile_k_loop(const MainloopParams& p,
 #pragma unroll
                 for (int j = 0; j < kMmaPerGroup; ++j) {
                     const u32 k_bytes = (g * kMmaPerGroup + j) * Mma::kK;
-                    const u64 b_desc =
-                        smem_desc_from_lo(b_desc_lo + (w * Mma::kN * Layout::kBlockK + k_bytes) / 16);
+                    const u64 b_desc = smem_desc_from_lo(b_desc_lo + (w * Mma::kN * Layout::kBlockK + k_bytes) / 16);
                     Mma::mma(smem_desc_from_lo(a_desc_lo + k_bytes / 16), b_desc, acc, j > 0);
                 }
                 wgmma_commit();
@@ -178,8 +177,8 @@ __device__ __forceinline__ void tile_k_loop(const MainloopParams& p,
 // A scale that is zero or not finite, or whose ratio to the held one is not a finite non-zero
 // f32, keeps the held one: that group is summed at the held scale (exact where its operands are
 // zero, as the quantizers leave them under a zero scale), and no ratio makes the sum a NaN.
-template <int kWaveN, int kWaves, int kClusterM, int kScaleShift, int BLOCK_M, int BLOCK_N, int kStages,
-          int kGroupSize, int kSaCols>
+template <int kWaveN, int kWaves, int kClusterM, int kScaleShift, int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize,
+          int kSaCols>
 struct RescaledKLoop {
     using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize, kSaCols>;
     using Mma = typename WgmmaE4M3<kWaveN>::type;
@@ -325,17 +324,17 @@ struct RescaledKLoop {
 #pragma unroll
         for (int w = 0; w < kWaves; ++w) {
 #pragma unroll
-            for (int i = 0; i < Mma::kAccum; ++i) sum[w][i] *= held[w][i / 4 < kFirstScaleGroups ? 0 : 1][(i & 2) ? 1 : 0];
+            for (int i = 0; i < Mma::kAccum; ++i)
+                sum[w][i] *= held[w][i / 4 < kFirstScaleGroups ? 0 : 1][(i & 2) ? 1 : 0];
         }
     }
 };
 
-template <int kWaveN, int kWaves, int kClusterM, int kScaleShift, int BLOCK_M, int BLOCK_N, int kStages,
-          int kGroupSize, int kSaCols>
-__device__ __forceinline__ void tile_k_loop_rescaled(const MainloopParams& p,
-                                                     const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize, kSaCols>& smem,
-                                                     RingCursor<kStages>& ring, u32 wg, u32 a_off, u32 b_off,
-                                                     float (&sum)[kWaves][kWaveN / 2]) {
+template <int kWaveN, int kWaves, int kClusterM, int kScaleShift, int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize,
+          int kSaCols>
+__device__ __forceinline__ void tile_k_loop_rescaled(
+    const MainloopParams& p, const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize, kSaCols>& smem,
+    RingCursor<kStages>& ring, u32 wg, u32 a_off, u32 b_off, float (&sum)[kWaves][kWaveN / 2]) {
     using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize, kSaCols>;
     const u32 r_lo = a_off + (threadIdx.x / 32) % 4 * 16 + threadIdx.x % 32 / 4;
     RescaledKLoop<kWaveN, kWaves, kClusterM, kScaleShift, BLOCK_M, BLOCK_N, kStages, kGroupSize, kSaCols> loop{
@@ -352,8 +351,8 @@ __device__ __forceinline__ void tile_k_loop_rescaled(const MainloopParams& p,
 
 // The K loop of a slice under the kernel's accumulation: promoted per scale group
 // (tile_k_loop, the default) or rescaled (tile_k_loop_rescaled, opt-in).
-template <bool kRescaled, int kWaveN, int kWaves, int kClusterM, int kScaleShift, int BLOCK_M, int BLOCK_N,
-          int kStages, int kGroupSize, int kSaCols>
+template <bool kRescaled, int kWaveN, int kWaves, int kClusterM, int kScaleShift, int BLOCK_M, int BLOCK_N, int kStages,
+          int kGroupSize, int kSaCols>
 __device__ __forceinline__ void slice_k_loop(const MainloopParams& p,
                                              const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize, kSaCols>& smem,
                                              RingCursor<kStages>& ring, const Tile& t, u32 wg, u32 a_off, u32 b_off,
@@ -365,11 +364,10 @@ __device__ __forceinline__ void slice_k_loop(const MainloopParams& p,
     }
 }
 
-template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, int kClusterM, bool kRescaled,
-          typename Scheduler, typename Epilogue>
+template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, int kClusterM, bool kRescaled, typename Scheduler,
+          typename Epilogue>
 __device__ void wgmma_consumer(const MainloopParams& p, const typename Scheduler::Params& sched_params,
-                               const Epilogue& epi,
-                               const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>& smem,
+                               const Epilogue& epi, const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>& smem,
                                u32 wg) {
     using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>;
     // BLOCK_M 128: the warpgroups split the rows; BLOCK_M 64: they split the columns. A
@@ -378,8 +376,7 @@ __device__ void wgmma_consumer(const MainloopParams& p, const typename Scheduler
     constexpr int kSliceCols = BLOCK_M == 128 ? BLOCK_N : BLOCK_N / 2;
     constexpr int kWaveN = kSliceCols == 192 ? 192 : 128;
     constexpr int kWaves = kSliceCols / kWaveN;
-    static_assert(kWaves * kWaveN == kSliceCols && kWaves >= 1 && kWaves <= 2,
-                  "slice of 128, 192 or 256 columns");
+    static_assert(kWaves * kWaveN == kSliceCols && kWaves >= 1 && kWaves <= 2, "slice of 128, 192 or 256 columns");
     const u32 a_off = BLOCK_M == 128 ? wg * 64 : 0;
     const u32 b_off = BLOCK_M == 128 ? 0 : wg * kSliceCols;
 

@@ -18,8 +18,7 @@ __device__ __forceinline__ void report_expired(comm::WaitRecord* record, u32 id)
 }
 
 // Waits for the phase of `parity` to complete; on deadline records `id` and exits the thread.
-__device__ __forceinline__ void mbarrier_wait(u64* bar, u32 parity, comm::WaitRecord* record,
-                                              u64 timeout_ns, u32 id) {
+__device__ __forceinline__ void mbarrier_wait(u64* bar, u32 parity, comm::WaitRecord* record, u64 timeout_ns, u32 id) {
     if (ptx::mbarrier_try_wait_parity(bar, parity)) return;
     const u64 start = ptx::globaltimer_ns();
     while (!ptx::mbarrier_try_wait_parity(bar, parity)) {
@@ -33,8 +32,8 @@ __device__ __forceinline__ void mbarrier_wait(u64* bar, u32 parity, comm::WaitRe
 // The same wait decided per warp (votes), for a warp that does warpgroup-collective work after
 // it: the whole warp leaves together, and on expiry runs on_expiry() (converged) before it exits.
 template <typename OnExpiry>
-__device__ __forceinline__ void mbarrier_wait_warp(u64* bar, u32 parity, comm::WaitRecord* record,
-                                                   u64 timeout_ns, u32 id, OnExpiry on_expiry) {
+__device__ __forceinline__ void mbarrier_wait_warp(u64* bar, u32 parity, comm::WaitRecord* record, u64 timeout_ns,
+                                                   u32 id, OnExpiry on_expiry) {
     if (__all_sync(~0u, ptx::mbarrier_try_wait_parity(bar, parity))) return;
     const u64 start = ptx::globaltimer_ns();
     while (!__all_sync(~0u, ptx::mbarrier_try_wait_parity(bar, parity))) {

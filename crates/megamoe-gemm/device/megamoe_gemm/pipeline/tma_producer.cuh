@@ -36,28 +36,25 @@ __device__ __forceinline__ void load_tile(const MainloopParams& p, const Tile& t
         u64* full = smem.full(ring.stage);
         ptx::mbarrier_arrive_expect_tx(full, Layout::kStageTxBytes);
         const i32 k0 = static_cast<i32>(kb * Layout::kBlockK);
-        ptx::tma_load_2d(smem.a(ring.stage), &p.tma_a, full, k0, static_cast<i32>(t.a_row),
-                         ptx::CacheHint::kEvictLast);
+        ptx::tma_load_2d(smem.a(ring.stage), &p.tma_a, full, k0, static_cast<i32>(t.a_row), ptx::CacheHint::kEvictLast);
         if (kClusterM > 1 && t.shared_b) {
-            ptx::tma_load_2d_multicast(smem.b(ring.stage) + cta_rank * kBRowsPerLoad * Layout::kBlockK,
-                                       &p.tma_b, full, k0, b_row + static_cast<i32>(cta_rank * kBRowsPerLoad),
-                                       (1u << kClusterM) - 1, ptx::CacheHint::kEvictNormal);
+            ptx::tma_load_2d_multicast(smem.b(ring.stage) + cta_rank * kBRowsPerLoad * Layout::kBlockK, &p.tma_b, full,
+                                       k0, b_row + static_cast<i32>(cta_rank * kBRowsPerLoad), (1u << kClusterM) - 1,
+                                       ptx::CacheHint::kEvictNormal);
         } else {
 #pragma unroll
             for (int h = 0; h < kClusterM; ++h) {
-                ptx::tma_load_2d(smem.b(ring.stage) + h * kBRowsPerLoad * Layout::kBlockK, &p.tma_b,
-                                 full, k0, b_row + static_cast<i32>(h * kBRowsPerLoad),
-                                 ptx::CacheHint::kEvictNormal);
+                ptx::tma_load_2d(smem.b(ring.stage) + h * kBRowsPerLoad * Layout::kBlockK, &p.tma_b, full, k0,
+                                 b_row + static_cast<i32>(h * kBRowsPerLoad), ptx::CacheHint::kEvictNormal);
             }
         }
-        ptx::tma_load_2d(smem.sa(ring.stage), &p.tma_sa, full, sa_x,
-                         sa_y0 + static_cast<i32>(kb * kScaleCols), ptx::CacheHint::kEvictLast);
+        ptx::tma_load_2d(smem.sa(ring.stage), &p.tma_sa, full, sa_x, sa_y0 + static_cast<i32>(kb * kScaleCols),
+                         ptx::CacheHint::kEvictLast);
         ring.advance();
     }
 }
 
-template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, bool kMasked, int kClusterM,
-          typename Scheduler>
+template <int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, bool kMasked, int kClusterM, typename Scheduler>
 __device__ void tma_producer(const MainloopParams& p, const typename Scheduler::Params& sched_params,
                              const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize>& smem) {
     Scheduler sched(sched_params, smem.rows());

@@ -42,7 +42,10 @@ struct TileScheduler {
 
     // rows_: p.expert_rows, staged in shared memory by the kernel.
     __device__ TileScheduler(const SchedulerParams& p, const i32* rows_)
-        : rows(rows_), num_experts(p.num_experts), n_blocks((p.n + BLOCK_N - 1) / BLOCK_N), max_m(p.max_m),
+        : rows(rows_),
+          num_experts(p.num_experts),
+          n_blocks((p.n + BLOCK_N - 1) / BLOCK_N),
+          max_m(p.max_m),
           group_m(p.group_m) {
         if constexpr (kClusterM == 1) {
             rank = 0;

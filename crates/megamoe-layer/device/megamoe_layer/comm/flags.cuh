@@ -36,8 +36,7 @@ __device__ __forceinline__ u64* expert_done(const FusedRegions& r, int rank) {
 // Polls until *flag >= target (acquire), then orders the caller's later TMA loads after it.
 // Between polls the thread sleeps, 32 ns doubling to 1 µs: the pull warps wait on the ring most
 // of a long call, and a tight poll would take issue slots from the math warps of its SM.
-__device__ __forceinline__ bool wait_flag(const FusedRegions& r, const u32* flag, u32 target, FusedWait id,
-                                          u32 block) {
+__device__ __forceinline__ bool wait_flag(const FusedRegions& r, const u32* flag, u32 target, FusedWait id, u32 block) {
     u32 v = ptx::ld_acquire_gpu_u32(flag);
     if (v < target) {
         const auto deadline = comm::Deadline::after(r.deadline_ns);
@@ -46,8 +45,7 @@ __device__ __forceinline__ bool wait_flag(const FusedRegions& r, const u32* flag
             __nanosleep(sleep_ns);
             sleep_ns = min(2 * sleep_ns, 1024u);
             if (deadline.expired()) {
-                comm::report_timeout(reinterpret_cast<comm::WaitRecord*>(r.wait_record), id, r.rank, block, v,
-                                     target);
+                comm::report_timeout(reinterpret_cast<comm::WaitRecord*>(r.wait_record), id, r.rank, block, v, target);
                 return false;
             }
         }
@@ -66,8 +64,8 @@ __device__ __forceinline__ bool wait_slices(const FusedRegions& r, const u32* co
     while ((v = ptx::ld_acquire_cta_shared_u32(counter)) < target) {
         __nanosleep(64);
         if (deadline.expired()) {
-            comm::report_timeout(reinterpret_cast<comm::WaitRecord*>(r.wait_record), kWaitSlicesDone, r.rank, block,
-                                 v, target);
+            comm::report_timeout(reinterpret_cast<comm::WaitRecord*>(r.wait_record), kWaitSlicesDone, r.rank, block, v,
+                                 target);
             return false;
         }
     }
@@ -95,8 +93,8 @@ __device__ __forceinline__ bool grid_barrier(const FusedRegions& r, u64 epoch, i
         *s_ok = 1;
         while ((v = ptx::ld_acquire_gpu_u64(counter)) < target) {
             if (deadline.expired()) {
-                comm::report_timeout(reinterpret_cast<comm::WaitRecord*>(r.wait_record), kWaitGrid, r.rank,
-                                     blockIdx.x, v, target);
+                comm::report_timeout(reinterpret_cast<comm::WaitRecord*>(r.wait_record), kWaitGrid, r.rank, blockIdx.x,
+                                     v, target);
                 *s_ok = 0;
                 break;
             }

@@ -33,8 +33,7 @@ __device__ void pull_rows(const FusedRegions& r, u32 worker, u32 workers, const 
         const BlockInfo blk = blocks[b];
         if (rr >= blk.rows) continue;
         bool ok = true;
-        if (lane == 0 && b >= r.pull_ahead)
-            ok = wait_flag(r, &flags[b - r.pull_ahead].l1_started, 1, kWaitPullTurn, b);
+        if (lane == 0 && b >= r.pull_ahead) ok = wait_flag(r, &flags[b - r.pull_ahead].l1_started, 1, kWaitPullTurn, b);
         if (lane == 0 && ok && b >= u32(r.ring_slots))
             ok = wait_flag(r, &flags[b - r.ring_slots].l2_done, 2 * r.n2, kWaitSlotFree, b);
         if (!__shfl_sync(0xffffffffu, ok, 0)) return;
@@ -43,7 +42,8 @@ __device__ void pull_rows(const FusedRegions& r, u32 worker, u32 workers, const 
         while (src + 1 < R && src_base[j * R + src + 1] <= q) ++src;
         const char* peer = reinterpret_cast<const char*>(r.peer_base[src]);
         const u32 e = r.rank * El + j;
-        const u32 slot = reinterpret_cast<const u32*>(peer + r.off_send_list)[u64(e) * r.t_cap + q - src_base[j * R + src]];
+        const u32 slot =
+            reinterpret_cast<const u32*>(peer + r.off_send_list)[u64(e) * r.t_cap + q - src_base[j * R + src]];
         const u32 tok = slot / K;
         const u32 row = (b % r.ring_slots) * kBlockM + rr;
         const char* in = peer + r.off_x + u64(tok) * H;

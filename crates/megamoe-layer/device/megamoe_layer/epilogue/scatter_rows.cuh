@@ -20,8 +20,7 @@ struct ScatterRows {
     const FusedRegions& r;
 
     __device__ __forceinline__ const u64* row_dest(u32 row0) const {
-        return reinterpret_cast<const u64*>(reinterpret_cast<const char*>(r.peer_base[r.rank]) + r.off_row_dest) +
-               row0;
+        return reinterpret_cast<const u64*>(reinterpret_cast<const char*>(r.peer_base[r.rank]) + r.off_row_dest) + row0;
     }
 
     // Before the slice's K loop: brings its rows' destinations into L1, so that the epilogue's
@@ -70,7 +69,8 @@ struct ScatterRows {
                 for (int i = 0; i < kScatterRowsPerThread; ++i) {
                     const u32 row = warp * 16 + lane / 8 + 4 * i;
                     if (out[i] == 0) break;
-                    const uint4 v = *reinterpret_cast<const uint4*>(staging + row * 128 + (((lane % 8) ^ (row % 8)) * 16));
+                    const uint4 v =
+                        *reinterpret_cast<const uint4*>(staging + row * 128 + (((lane % 8) ^ (row % 8)) * 16));
                     ptx::st_v4(reinterpret_cast<char*>(out[i] + col_bytes), v);
                 }
             }

@@ -38,7 +38,6 @@ __device__ __forceinline__ float silu(float g) {
 
 // The epilogue: its parameters (epilogue/swiglu_quant_params.cuh) and what it does with them.
 struct SwigluQuant : SwigluQuantParams {
-
     // Before the slice's K loop (the fused kernel): brings its rows' routing weights into L1,
     // so that the epilogue's loads of them do not wait on L2 (each warp its 16 rows).
     __device__ __forceinline__ void prefetch(u32 row0) const {
@@ -59,7 +58,7 @@ struct SwigluQuant : SwigluQuantParams {
         u8* q = reinterpret_cast<u8*>(out);
         float* sf_out = reinterpret_cast<float*>(out_scales);
         constexpr int kJ = kAccum / 4;  // 8-column groups of the wave
-        __syncwarp();  // the warp's copies out of the staging tile before this one are done
+        __syncwarp();                   // the warp's copies out of the staging tile before this one are done
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const u32 row = row0 + r + 8 * half;

@@ -108,7 +108,8 @@ __device__ u32 check_bounds(const FusedRegions& r, const ep::comm::Signals& sig)
         const u32* c = published_counts(r, src);
         const u32 t = c[r.experts], bound = c[r.experts + 1];
         if (bound != u32(r.bound) || t > bound || bound > u32(r.t_cap)) {
-            if (blockIdx.x == 0) ep::comm::record_error(sig, kBadBound, src, src, bound != u32(r.bound) ? bound : t, r.bound);
+            if (blockIdx.x == 0)
+                ep::comm::record_error(sig, kBadBound, src, src, bound != u32(r.bound) ? bound : t, r.bound);
             return kBadBound;
         }
     }
@@ -132,8 +133,8 @@ __device__ __forceinline__ gemm::Tile task_tile(const FusedRegions& r, const Blo
 }
 
 template <int kStages, bool kProbe, typename L1Smem, typename L2Smem>
-__device__ void produce(const FusedParams& p, const FusedProbe& probe, const L1Smem& s1, const L2Smem& s2,
-                        u32 n_tasks, FusedTaskQueue& queue) {
+__device__ void produce(const FusedParams& p, const FusedProbe& probe, const L1Smem& s1, const L2Smem& s2, u32 n_tasks,
+                        FusedTaskQueue& queue) {
     const FusedRegions& r = p.r;
     TaskCursor cur(r);
     gemm::RingCursor<kStages> ring;
@@ -211,8 +212,8 @@ __device__ void release_slices(const FusedRegions& r, const u32* slices_done, u3
 }
 
 template <int kStages, bool kRescaled, bool kProbe, typename L1Smem, typename L2Smem>
-__device__ void consume(const FusedParams& p, const FusedProbe& probe, const L1Smem& s1, const L2Smem& s2,
-                        u32 wg, u32 n_tasks, u32* slices_done, FusedTaskQueue& queue) {
+__device__ void consume(const FusedParams& p, const FusedProbe& probe, const L1Smem& s1, const L2Smem& s2, u32 wg,
+                        u32 n_tasks, u32* slices_done, FusedTaskQueue& queue) {
     const FusedRegions& r = p.r;
     // A warpgroup's slice: 64 rows, two 128-column waves (for L1 a gate block and its up block).
     using Scales = gemm::TileWeightScales<128, 2, L1Smem::kScaleBRowFloats>;
@@ -299,8 +300,8 @@ __device__ __forceinline__ void raise_rows_written(const ep::comm::Signals& sig)
 // combine (comm/combine.cuh): until every rank has signalled its L2 rows, the warp combines those
 // of its tokens whose experts have all written theirs (when `run`: this call runs), marking them
 // in `combined`. False when the deadline passed (recorded, naming the rank waited for).
-__device__ bool wait_rows_written(const FusedRegions& r, const ep::comm::Signals& sig, u64 epoch, u32 warp,
-                                  bool run, u32& combined) {
+__device__ bool wait_rows_written(const FusedRegions& r, const ep::comm::Signals& sig, u64 epoch, u32 warp, bool run,
+                                  u32& combined) {
     const u32 lane = threadIdx.x % 32;
     const u64 target = epoch * ep::comm::kUnit;
     const u64* f = ep::comm::signal(sig, sig.rank, kRowsWritten, lane < u32(sig.ranks) ? lane : 0);
@@ -341,12 +342,13 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, const FusedProbe
     __shared__ u32 s_bad;
     __shared__ u64 s_epoch;
     __shared__ u32 s_pull_items;
-    __shared__ bool s_run;  // every rank passed the bounds and the plan fits: run the tasks
+    __shared__ bool s_run;            // every rank passed the bounds and the plan fits: run the tasks
     __shared__ u32 s_slices_done[2];  // per consumer warpgroup: warp-slices written (finish_slice)
     __shared__ FusedTaskQueue s_tasks;
     const FusedRegions& r = p.r;
-    const ep::comm::Signals sig{r.peer_base, r.off_epochs, r.off_signals, r.off_error, r.deadline_ns,
-                                reinterpret_cast<comm::WaitRecord*>(r.wait_record), r.rank, r.ranks};
+    const ep::comm::Signals sig{r.peer_base, r.off_epochs,  r.off_signals,
+                                r.off_error, r.deadline_ns, reinterpret_cast<comm::WaitRecord*>(r.wait_record),
+                                r.rank,      r.ranks};
     const u32 warp = ptx::warp_index_uniform();
     const bool tracer = kProbe && probe.trace != 0 && threadIdx.x == 0;
     const u64 start_ns = tracer ? ptx::globaltimer_ns() : 0;
@@ -458,7 +460,8 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, const FusedProbe
     {
         u32* counts = reinterpret_cast<u32*>(local_buf(r) + r.off_counts);
         const u32 threads = kMathWarps * 32;
-        for (u32 i = ptx::ctaid_x() * threads + threadIdx.x; i < u32(r.experts); i += gridDim.x * threads) counts[i] = 0;
+        for (u32 i = ptx::ctaid_x() * threads + threadIdx.x; i < u32(r.experts); i += gridDim.x * threads)
+            counts[i] = 0;
     }
     if (tracer) cta_trace(probe.trace)->end = ptx::globaltimer_ns();
     ep::comm::store_epoch(sig, kFusedFamily, epoch);

@@ -15,7 +15,9 @@
 
 namespace megamoe::layer {
 
-__device__ __forceinline__ char* local_buf(const FusedRegions& r) { return reinterpret_cast<char*>(r.peer_base[r.rank]); }
+__device__ __forceinline__ char* local_buf(const FusedRegions& r) {
+    return reinterpret_cast<char*>(r.peer_base[r.rank]);
+}
 __device__ __forceinline__ PlanHeader* plan_header(const FusedRegions& r) {
     return reinterpret_cast<PlanHeader*>(local_buf(r) + r.off_plan);
 }
@@ -85,7 +87,10 @@ __device__ __forceinline__ void stream_position(u32 p, u32 units, u32 lag, u32& 
     u32 lo = 0, hi = div_up(units, kGroupUnits);
     while (lo < hi) {
         const u32 mid = (lo + hi + 1) / 2;
-        if (group_start(mid) <= p) lo = mid; else hi = mid - 1;
+        if (group_start(mid) <= p)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
     const u32 g = lo, first_l1 = g * kGroupUnits, off = p - group_start(g);
     const u32 l1_units = min(first_l1 + kGroupUnits, units) - min(first_l1, units);
@@ -155,7 +160,10 @@ __device__ void build_plan(const FusedRegions& r, u32* scratch) {
         u32 lo = 0, hi = El - 1;
         while (lo < hi) {
             const u32 mid = (lo + hi + 1) / 2;
-            if (unit_first[mid] <= unit) lo = mid; else hi = mid - 1;
+            if (unit_first[mid] <= unit)
+                lo = mid;
+            else
+                hi = mid - 1;
         }
         const u32 first = block_first[lo] + (unit - unit_first[lo]) * kUnitBlocks;
         return Segment{kind, first, min(kUnitBlocks, block_first[lo + 1] - first), 0};
@@ -185,8 +193,7 @@ struct TaskCursor {
     Segment cur;
     u32 cur_end;  // first task after the current segment
 
-    __device__ __forceinline__ TaskCursor(const FusedRegions& r)
-        : segs(plan_segments(r)), n1(r.n1), n2(r.n2) {
+    __device__ __forceinline__ TaskCursor(const FusedRegions& r) : segs(plan_segments(r)), n1(r.n1), n2(r.n2) {
         load();
     }
 

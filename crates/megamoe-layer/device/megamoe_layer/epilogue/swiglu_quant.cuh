@@ -45,9 +45,29 @@ struct SwigluQuant : SwigluQuantParams {
             ptx::prefetch_l1(reinterpret_cast<const float*>(weights) + row0 + (threadIdx.x / 32) % 4 * 16);
     }
 
+    // The group count and the clamp are uniform over a launch: each combination gets its own
+    // unrolled body, where a runtime test left every clamp and group check in the instruction
+    // stream, predicated off or not (a third of the body's instructions without a clamp).
     template <int kWaves, int kAccum>
     __device__ __forceinline__ void store(u8* staging, u32 /*wg*/, u32 row0, u32 col0, u32 /*rows_valid*/,
                                           const float (&acc)[kWaves][kAccum]) const {
+        if (group == 64) {
+            if (has_clamp)
+                store_rows<2, true>(staging, row0, col0, acc);
+            else
+                store_rows<2, false>(staging, row0, col0, acc);
+        } else {
+            if (has_clamp)
+                store_rows<1, true>(staging, row0, col0, acc);
+            else
+                store_rows<1, false>(staging, row0, col0, acc);
+        }
+    }
+
+    // kGroups: the G groups in a wave's 128 columns (1 for G = 128, 2 for G = 64).
+    template <int kGroups, bool kClamp, int kWaves, int kAccum>
+    __device__ __forceinline__ void store_rows(u8* staging, u32 row0, u32 col0,
+                                               const float (&acc)[kWaves][kAccum]) const {
         static_assert(kWaves == 2 && kAccum == 64, "128 x 256 tiles: a gate wave and an up wave");
         const u32 lane = threadIdx.x % 32;
         const u32 warp = (threadIdx.x / 32) % 4;
@@ -70,7 +90,7 @@ struct SwigluQuant : SwigluQuantParams {
                 for (int b = 0; b < 2; ++b) {
                     float g = acc[0][4 * j + 2 * half + b];
                     float u = acc[1][4 * j + 2 * half + b];
-                    if (has_clamp) {
+                    if constexpr (kClamp) {
                         g = fminf(g, clamp);
                         u = fminf(fmaxf(u, -clamp), clamp);
                     }
@@ -78,9 +98,9 @@ struct SwigluQuant : SwigluQuantParams {
                 }
             }
             // One or two G groups of the wave's 128 columns: j < kJ / 2 or >= kJ / 2 for G = 64.
-            const int groups = group == 64 ? 2 : 1;
-            const int per_group = kJ / groups;
-            for (int gi = 0; gi < groups; ++gi) {
+            constexpr int per_group = kJ / kGroups;
+#pragma unroll
+            for (int gi = 0; gi < kGroups; ++gi) {
                 float amax = 0.0f;
 #pragma unroll
                 for (int j = 0; j < kJ; ++j) {
@@ -100,7 +120,7 @@ struct SwigluQuant : SwigluQuantParams {
                         ptx::e4m3x2(a[j][0] * inv, a[j][1] * inv);
                 }
                 if (lane % 4 == 0) {
-                    sf_out[static_cast<u64>(c0 / group + gi) * rows_ld + row] = sf;
+                    sf_out[static_cast<u64>(c0 / (128 / kGroups) + gi) * rows_ld + row] = sf;
                 }
             }
         }

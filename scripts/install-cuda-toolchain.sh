@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Installs NVRTC, the CUDA runtime headers, CCCL and the CRT headers from pinned PyPI wheels into the
-# project-local folder .toolchain/ (or $MEGAMOE_TOOLCHAIN_DIR), so that the kernel compile test runs on a
-# machine without a CUDA toolkit, and the pinned formatters scripts/test.sh checks with and
+# Installs NVRTC, the CUDA runtime headers, CCCL, the CRT headers and cuobjdump (with the nvdisasm it runs) from pinned PyPI wheels
+# into the project-local folder .toolchain/ (or $MEGAMOE_TOOLCHAIN_DIR), so that the kernel compile tests
+# (which also read each kernel's SASS) run on a machine without a CUDA toolkit, and the pinned formatters scripts/test.sh checks with and
 # scripts/format.sh applies (clang-format for the device code, ruff for Python). Idempotent: a second
 # run only checks the stamp file and returns.
 # megamoe-cuda finds the result by itself (it looks in .toolchain/ after MEGAMOE_NVRTC_LIB and
@@ -15,6 +15,8 @@ pins=(
   nvidia-cuda-runtime==13.0.96
   nvidia-cuda-cccl==13.0.85
   nvidia-cuda-crt==13.0.88
+  nvidia-cuda-cuobjdump==13.2.86
+  nvidia-cuda-nvdisasm==13.2.86
   clang-format==23.1.3
   ruff==0.17.5
 )
@@ -46,4 +48,5 @@ trap - EXIT
 echo "CUDA toolchain installed in $dir"
 echo "  NVRTC:   $dir/nvidia/cu13/lib"
 echo "  headers: $dir/nvidia/cu13/include"
+echo "  cuobjdump: $dir/nvidia/cu13/bin/cuobjdump"
 echo "  formatters: $dir/bin/ruff, $dir/clang_format/data/bin/clang-format"

@@ -20,6 +20,7 @@
 
 pub mod cache;
 pub mod ptxas;
+pub mod sass;
 
 use crate::error::{Error, Result};
 use crate::probe;
@@ -269,10 +270,7 @@ fn dump(dir: &Path, spec: &KernelSpec, out: &crate::nvrtc::Output) -> Result<()>
     write("cubin", &out.cubin)?;
     write("log", out.log.as_bytes())?;
     write("ptx", out.ptx.as_deref().unwrap_or("").as_bytes())?;
-    let cuobjdump = std::env::var_os("MEGAMOE_CUDA_HOME")
-        .map(|h| PathBuf::from(h).join("bin/cuobjdump"))
-        .filter(|p| p.is_file())
-        .unwrap_or_else(|| PathBuf::from("cuobjdump"));
+    let cuobjdump = sass::cuobjdump();
     match std::process::Command::new(&cuobjdump).arg("-sass").arg(file("cubin")).output() {
         Ok(o) if o.status.success() => write("sass", &o.stdout)?,
         _ => eprintln!(
@@ -324,9 +322,10 @@ pub fn compile_all_clean(
 }
 
 /// Test helper for every crate with kernels: compiles every configuration and panics, listing
-/// each failure, on a compile error, a spill, a stack frame, local memory or wgmmas ptxas
-/// serialized. A missing NVRTC is a failure too (with the command that installs it), never a
-/// silent pass.
+/// each failure, on a compile error, a spill, a stack frame, local memory, wgmmas ptxas
+/// serialized, or a wgmma K loop that builds its descriptors per thread (as many `R2UR` moves
+/// back to the uniform registers as wgmmas an iteration: [`sass`]). A missing NVRTC or cuobjdump is a failure too (with the command
+/// that installs it), never a silent pass.
 pub fn assert_compiles_clean(specs: &[KernelSpec]) {
     assert!(!specs.is_empty(), "no kernel configurations given");
     if let Err(e) = probe::nvrtc() {
@@ -337,6 +336,17 @@ pub fn assert_compiles_clean(specs: &[KernelSpec]) {
     }
     match compile_all_clean(specs) {
         Ok(kernels) => {
+            let loops: Vec<String> = kernels
+                .par_iter()
+                .filter_map(|k| uniform_k_loops(k).err())
+                .collect();
+            assert!(
+                loops.is_empty(),
+                "{} of {} kernel configurations have K loops that build their wgmma descriptors per thread:\n{}",
+                loops.len(),
+                specs.len(),
+                loops.join("\n")
+            );
             for k in kernels {
                 eprintln!("{:40} {}", k.name, k.report);
             }
@@ -350,6 +360,27 @@ pub fn assert_compiles_clean(specs: &[KernelSpec]) {
                 text.join("\n")
             );
         }
+    }
+}
+
+/// Err naming the kernel when one of its innermost wgmma loops builds its descriptors per
+/// thread, or when its SASS cannot be read.
+fn uniform_k_loops(k: &CompiledKernel) -> std::result::Result<(), String> {
+    let text = sass::disassemble(&k.name, &k.cubin).map_err(|e| format!("- {e}"))?;
+    let bad: Vec<String> = sass::wgmma_loops(&text)
+        .iter()
+        .filter(|l| l.descriptors_per_thread())
+        .map(|l| {
+            format!(
+                "the loop at +{:#x} ({} instructions, {} wgmmas) moves {} registers back (R2UR) per iteration",
+                l.offset, l.instructions, l.wgmmas, l.r2ur
+            )
+        })
+        .collect();
+    if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("- {}: {}", k.name, bad.join("; ")))
     }
 }
 

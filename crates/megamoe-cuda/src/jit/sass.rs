@@ -5,7 +5,7 @@
 //! (docs/perf/HISTORY.md, fused v6), and a later change lost them again without a word from
 //! ptxas (fused v11). The compile tests flag every configuration with a K loop that moves as
 //! many registers back as it issues wgmmas ([`WgmmaLoop::descriptors_per_thread`]); one or two
-//! moves a loop (a scale address) are no such loss.
+//! moves a loop (a weight scale read from shared memory) are no such loss.
 
 use std::path::{Path, PathBuf};
 

@@ -33,16 +33,6 @@ impl WgmmaLoop {
 pub fn wgmma_loops(sass: &str) -> Vec<WgmmaLoop> {
     let ins = instructions(sass);
     let index_of = |offset: u64| ins.binary_search_by_key(&offset, |&(o, _)| o).ok();
-    let opcode = |text: &str| {
-        let mut words = text.split_whitespace();
-        let first = words.next().unwrap_or("");
-        let op = if first.starts_with('@') {
-            words.next().unwrap_or("")
-        } else {
-            first
-        };
-        op.split('.').next().unwrap_or("").to_string()
-    };
     // Backward branches: [first, last] instruction indices of each loop body.
     let mut bodies: Vec<(usize, usize)> = ins
         .iter()
@@ -81,6 +71,18 @@ pub fn wgmma_loops(sass: &str) -> Vec<WgmmaLoop> {
         .collect()
 }
 
+/// An instruction's opcode without its modifiers or predicate (`@!P0 BRA.U ...` → `BRA`).
+fn opcode(text: &str) -> &str {
+    let mut words = text.split_whitespace();
+    let first = words.next().unwrap_or("");
+    let op = if first.starts_with('@') {
+        words.next().unwrap_or("")
+    } else {
+        first
+    };
+    op.split('.').next().unwrap_or("")
+}
+
 /// (offset, instruction text) of every instruction line (`/*8a70*/  QGMMA... ;`).
 fn instructions(sass: &str) -> Vec<(u64, &str)> {
     sass.lines()
@@ -114,11 +116,9 @@ pub fn cuobjdump() -> PathBuf {
 /// The SASS of `cubin` (`cuobjdump -sass`); `name` names the temporary file and the error.
 pub fn disassemble(name: &str, cubin: &[u8]) -> Result<String> {
     let file = std::env::temp_dir().join(format!("megamoe-{}-{name}.cubin", std::process::id()));
-    std::fs::write(&file, cubin).map_err(|source| Error::Cache {
-        path: file.clone(),
-        source,
-    })?;
-    let out = run_cuobjdump(&file);
+    let out = std::fs::write(&file, cubin)
+        .map_err(|e| format!("writing {}: {e}", file.display()))
+        .and_then(|()| run_cuobjdump(&file));
     let _ = std::fs::remove_file(&file);
     out.map_err(|reason| Error::Invalid {
         arg: "cuobjdump",

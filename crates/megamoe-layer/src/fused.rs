@@ -198,10 +198,12 @@ fn fused_params(
     })
 }
 
-/// Bytes of the timeline of a launch of `ctas` CTAs: a [`CtaTrace`] per CTA, then a
-/// [`TaskTrace`] per task of the largest call, spread over the CTAs (impls/fused_trace.cuh).
+/// Bytes of the timeline of a launch of `ctas` CTAs: a [`CtaTrace`] per CTA, then per CTA
+/// [`TaskTrace`] slots for twice its even share of the largest call's tasks, as CTAs claim
+/// their tasks (impls/fused_trace.cuh).
 fn trace_bytes(regions: &FusedRegions, ctas: usize) -> usize {
-    let tasks = (regions.max_blocks as usize * (regions.n1 + regions.n2) as usize).div_ceil(ctas);
+    let tasks =
+        2 * (regions.max_blocks as usize * (regions.n1 + regions.n2) as usize).div_ceil(ctas);
     ctas * (CTA_TRACE_BYTES + tasks * TASK_TRACE_BYTES)
 }
 

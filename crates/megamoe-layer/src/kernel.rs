@@ -242,6 +242,9 @@ megamoe_cuda::device_struct! {
         pub n_tasks: u32,
         /// 0, or the `FusedError` that made every rank skip the call.
         pub status: u32,
+        /// The stream's first task no CTA has claimed (each producer claims its next task with
+        /// an atomic add, so tasks are claimed in stream order).
+        pub next_task: u32,
     }
 }
 

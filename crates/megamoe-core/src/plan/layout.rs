@@ -202,8 +202,9 @@ impl SymmetricLayout {
 /// stream segment (kind, first block, blocks, first task) and of one block's counters (rows
 /// pulled, L1 and L2 warpgroup-tasks done, L1 started).
 pub const PLAN_ENTRY_BYTES: usize = 16;
-/// Bytes of the plan's header: blocks, segments, tasks, status (u32 each).
-pub const PLAN_HEADER_BYTES: usize = 16;
+/// Bytes of the plan's header: blocks, segments, tasks, status, the next unclaimed task (u32
+/// each).
+pub const PLAN_HEADER_BYTES: usize = 20;
 /// Bytes of a local expert's L2 counters: warpgroup-tasks done and owed (u32 each).
 pub const EXPERT_L2_BYTES: usize = 8;
 
@@ -337,7 +338,7 @@ fn fused_regions(
         plan: push(
             &mut c,
             "plan",
-            "u32 [4]: blocks, segments, tasks, status".into(),
+            "u32 [5]: blocks, segments, tasks, status, next unclaimed task".into(),
             PLAN_HEADER_BYTES,
         ),
         src_base: push(

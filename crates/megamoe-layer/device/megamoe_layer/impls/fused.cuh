@@ -132,6 +132,11 @@ __device__ __forceinline__ gemm::Tile task_tile(const FusedRegions& r, const Blo
     return gemm::Tile{blk.expert, 0, n * kBlockN, (b % r.ring_slots) * kBlockM, blk.rows, false};
 }
 
+// The producer lane: claims the stream's next task (PlanHeader::next_task, one atomic add, so
+// tasks are claimed in stream order and a CTA that streams its tiles faster takes more) until
+// none is left, then hands over kNoTask; for each it waits for its block's counter and loads its
+// tiles. Every wait of a task is on tasks before it in the stream, claimed before it by CTAs
+// that run their tasks in order: the earliest unfinished task always progresses.
 template <int kStages, bool kProbe, typename L1Smem, typename L2Smem>
 __device__ void produce(const FusedParams& p, const FusedProbe& probe, const L1Smem& s1, const L2Smem& s2, u32 n_tasks,
                         FusedTaskQueue& queue) {
@@ -140,15 +145,24 @@ __device__ void produce(const FusedParams& p, const FusedProbe& probe, const L1S
     gemm::RingCursor<kStages> ring;
     BlockFlags* flags = block_flags(r);
     const BlockInfo* blocks = plan_blocks(r);
-    u32 j = 0;
-    for (u32 i = ptx::ctaid_x(); i < n_tasks; i += gridDim.x, ++j) {
+    u32* next_task = &plan_header(r)->next_task;
+    for (u32 j = 0;; ++j) {
+        const u32 i = atomicAdd(next_task, 1u);
+        if (i >= n_tasks) {
+            queue.push(r, j, TaskDesc{kNoTask, 0, 0, 0, {}});
+            // The timeline's reader stops at this CTA's first slot without a start (a CTA's
+            // count of claimed tasks differs between calls).
+            if (kProbe && probe.trace != 0)
+                if (TaskTrace* end = task_trace(r, probe.trace, j)) end->wg[0][0] = 0;
+            return;
+        }
         u32 kind, b, n;
         cur.get(i, kind, b, n);
         const gemm::Tile t = task_tile(r, blocks, b, n);
-        queue.push(r, j, TaskDesc{kind, b, n, t});
+        queue.push(r, j, TaskDesc{i, kind, b, n, t});
         TaskTrace* trace = nullptr;
-        if (kProbe && probe.trace != 0) {
-            trace = task_trace(r, probe.trace, i);
+        if (kProbe && probe.trace != 0) trace = task_trace(r, probe.trace, j);
+        if (trace != nullptr) {
             trace->kind = kind;
             trace->block = b;
             trace->wait_start = ptx::globaltimer_ns();
@@ -188,32 +202,30 @@ __device__ void count_expert_task(const FusedRegions& r, u32 j, u64 epoch) {
     for (int rank = 0; rank < r.ranks; ++rank) ptx::st_release_sys(expert_done(r, rank) + global, epoch);
 }
 
-// The releaser (warp 11, one lane): walks this CTA's tasks in the consumers' order and, once
-// all four warps of a warpgroup have counted its slice of task j (4·(j+1) in its
+// The releaser (warp 11, one lane): takes this CTA's tasks from the queue in the consumers' order
+// and, once all four warps of a warpgroup have counted its slice of task j (4·(j+1) in its
 // counter, acquired), raises the block's counter with a gpu-scope release. The release is
 // cumulative: it covers the consumers' writes it acquired, so readers of the block counter
 // see the slice (and order their TMA loads after their acquire, comm/flags.cuh). The consumers
 // never wait for their stores to become visible; this warp does, off their path.
-__device__ void release_slices(const FusedRegions& r, const u32* slices_done, u32 n_tasks, u64 epoch) {
-    TaskCursor cur(r);
+__device__ void release_slices(const FusedRegions& r, const u32* slices_done, FusedTaskQueue& queue, u64 epoch) {
     BlockFlags* flags = block_flags(r);
     const BlockInfo* blocks = plan_blocks(r);
-    u32 j = 0;
-    for (u32 i = ptx::ctaid_x(); i < n_tasks; i += gridDim.x, ++j) {
-        u32 kind, b, n;
-        cur.get(i, kind, b, n);
-        u32* flag = kind == kL1 ? &flags[b].l1_done : &flags[b].l2_done;
+    for (u32 j = 0;; ++j) {
+        const TaskDesc d = queue.pop_lane(r, j);
+        if (d.index == kNoTask) return;
+        u32* flag = d.kind == kL1 ? &flags[d.block].l1_done : &flags[d.block].l2_done;
         for (u32 wg = 0; wg < 2; ++wg) {
-            if (!wait_slices(r, &slices_done[wg], 4 * (j + 1), b)) return;
+            if (!wait_slices(r, &slices_done[wg], 4 * (j + 1), d.block)) return;
             ptx::red_release_gpu_add_u32(flag, 1);
         }
-        if (kind == kL2) count_expert_task(r, blocks[b].expert, epoch);
+        if (d.kind == kL2) count_expert_task(r, blocks[d.block].expert, epoch);
     }
 }
 
 template <int kStages, bool kRescaled, bool kProbe, typename L1Smem, typename L2Smem>
 __device__ void consume(const FusedParams& p, const FusedProbe& probe, const L1Smem& s1, const L2Smem& s2, u32 wg,
-                        u32 n_tasks, u32* slices_done, FusedTaskQueue& queue) {
+                        u32* slices_done, FusedTaskQueue& queue) {
     const FusedRegions& r = p.r;
     // A warpgroup's slice: 64 rows, two 128-column waves (for L1 a gate block and its up block).
     using Scales = gemm::TileWeightScales<128, 2, L1Smem::kScaleBRowFloats>;
@@ -221,42 +233,47 @@ __device__ void consume(const FusedParams& p, const FusedProbe& probe, const L1S
     gemm::RingCursor<kStages> ring;
     const ScatterRows scatter{r};
     // The task's indices are broadcast from lane 0 (ptx::warp_uniform, in the queue's pop): as
-    // per-thread values (ptx::ctaid_x, loads) the branch on the task's kind would count as
-    // divergent, and the ring's stage and phase, advanced inside it, would leave the uniform
-    // registers: every wgmma descriptor would then be rebuilt per thread and moved back (R2UR)
-    // in the K loop, which took about 9 % longer.
-    u32 i = ptx::warp_uniform(ptx::ctaid_x());
-    if (i >= n_tasks) return;
+    // per-thread values (loads) the branch on the task's kind would count as divergent, and the
+    // ring's stage and phase, advanced inside it, would leave the uniform registers: every
+    // wgmma descriptor would then be rebuilt per thread and moved back (R2UR) in the K loop,
+    // which took about 9 % longer.
     u32 j = 0;
     TaskDesc task = queue.pop(r, j);
+    if (task.index == kNoTask) return;
     u32 kind = task.kind;
     gemm::Tile t = task.tile;
     Scales scales;
     scales.load(kind == kL1 ? p.l1 : p.l2, t, 0);
     // The timeline's writer in each warpgroup (the probe's fields are read where used, from the
     // launch's parameters: no register holds them across the mainloop).
-    auto tracer = [&] { return kProbe && probe.trace != 0 && threadIdx.x % 128 == 0; };
+    // Its slot of this CTA's j-th task, or null (impls/fused_trace.cuh).
+    auto trace = [&](u32 task_j) {
+        return kProbe && probe.trace != 0 && threadIdx.x % 128 == 0 ? task_trace(r, probe.trace, task_j) : nullptr;
+    };
     while (true) {
-        if (tracer()) task_trace(r, probe.trace, i)->wg[wg][0] = ptx::globaltimer_ns();
+        if (TaskTrace* tt = trace(j)) tt->wg[wg][0] = ptx::globaltimer_ns();
         scales.stage(s1.scale_b(wg), wg);
         // Both epilogues' row data (an L1 slice reads weights, an L2 slice destinations):
         // deciding by kind here would keep one more register across the K loop.
         p.swiglu.prefetch(t.a_row + a_off);
         scatter.prefetch(t.a_row + a_off);
         float sum[2][64];
-        if (kind == kL1) {
+        // The kind once more through lane 0: uniform as it is (the queue's pop), the compiler
+        // loses track of it across the loop and the ring leaves the uniform registers (the K
+        // loop 248 instructions with 32 R2UR instead of 217 with none, measured slower).
+        if (ptx::warp_uniform(kind) == kL1) {
             gemm::slice_k_loop<kRescaled, 128, 2, 1, 0>(p.l1, s1, ring, t, wg, a_off, 0, sum);
         } else {
             gemm::slice_k_loop<kRescaled, 128, 2, 1, 0>(p.l2, s2, ring, t, wg, a_off, 0, sum);
         }
-        if (tracer()) task_trace(r, probe.trace, i)->wg[wg][1] = ptx::globaltimer_ns();
-        // The next task's weight scales load while this one's epilogue runs.
-        const u32 next = i + gridDim.x;
-        const bool more = next < n_tasks;
+        if (TaskTrace* tt = trace(j)) tt->wg[wg][1] = ptx::globaltimer_ns();
+        // The next task's weight scales load while this one's epilogue runs (the producer
+        // handed it over before its last stages of this one).
+        task = queue.pop(r, j + 1);
+        const bool more = ptx::warp_uniform(task.index) != kNoTask;
         u32 next_kind = 0;
         gemm::Tile next_t = t;
         if (more) {
-            task = queue.pop(r, ++j);
             next_kind = task.kind;
             next_t = task.tile;
             scales.load(next_kind == kL1 ? p.l1 : p.l2, next_t, 0);
@@ -272,9 +289,9 @@ __device__ void consume(const FusedParams& p, const FusedProbe& probe, const L1S
             scatter.store(s1.staging(wg), wg, t.a_row + a_off, t.n0, rows_valid, sum);
         }
         finish_slice(&slices_done[wg]);
-        if (tracer()) task_trace(r, probe.trace, i)->wg[wg][2] = ptx::globaltimer_ns();
+        if (TaskTrace* tt = trace(j)) tt->wg[wg][2] = ptx::globaltimer_ns();
         if (!more) break;
-        i = next;
+        ++j;
         kind = next_kind;
         t = next_t;
     }
@@ -352,7 +369,9 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, const FusedProbe
     const u32 warp = ptx::warp_index_uniform();
     const bool tracer = kProbe && probe.trace != 0 && threadIdx.x == 0;
     const u64 start_ns = tracer ? ptx::globaltimer_ns() : 0;
-    const u32 my_fault = kProbe && u32(p.r.rank) == probe.fault_rank ? probe.fault : u32(kNoFault);
+    // The fault this rank injects, read from the launch's parameters where tested: a register
+    // would be held across the consumers' task loop.
+    auto my_fault = [&] { return kProbe && u32(p.r.rank) == probe.fault_rank ? probe.fault : u32(kNoFault); };
 
     if (threadIdx.x == kProducerWarp * 32) {
         ptx::tma_prefetch_desc(&p.l1.tma_a);
@@ -368,7 +387,7 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, const FusedProbe
             ptx::mbarrier_init(s1.full(s), 1);
             ptx::mbarrier_init(s1.empty(s), kMathWarps);
         }
-        s_tasks.init(kMathWarps);
+        s_tasks.init(kMathWarps + 1);  // the consumer warps and the releaser
         ptx::fence_barrier_init();
     }
     // The launch is a programmatic dependent (src/fused.rs): everything above overlapped the
@@ -381,13 +400,13 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, const FusedProbe
 
     // 1. Routing.
     const u64 epoch = ep::comm::read_epoch(sig, kFusedFamily, &s_epoch);
-    if (my_fault == kSlowPeer) ep::comm::sleep_for(probe.sleep_ns);
+    if (my_fault() == kSlowPeer) ep::comm::sleep_for(probe.sleep_ns);
     publish_routing(r, reinterpret_cast<u32*>(base));
     // The thread that published T overwrites it.
-    if (my_fault == kCorruptCount && blockIdx.x == 0 && threadIdx.x == 0)
+    if (my_fault() == kCorruptCount && blockIdx.x == 0 && threadIdx.x == 0)
         reinterpret_cast<u32*>(local_buf(r) + r.off_counts)[r.experts] = u32(r.t_cap) + 1;
     ep::comm::raise_on_all(sig, kRoutingReady);
-    if (my_fault == kStopAfterRouting) return;
+    if (my_fault() == kStopAfterRouting) return;
     if (!ep::comm::wait_all(sig, kRoutingReady, epoch, &s_ok)) return;
     if (tracer) cta_trace(probe.trace)->routed = ptx::globaltimer_ns();
 
@@ -413,7 +432,7 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, const FusedProbe
     if (!grid_barrier(r, epoch, &s_ok)) return;
     if (tracer) cta_trace(probe.trace)->planned = ptx::globaltimer_ns();
     PlanHeader h = *plan_header(r);
-    if (my_fault == kStopMidTasks) h.n_tasks /= 2;
+    if (my_fault() == kStopMidTasks) h.n_tasks /= 2;
     if (threadIdx.x == 0) {
         s_pull_items = h.n_blocks * kBlockM;
         s_run = s_bad == 0 && h.status == 0;
@@ -431,7 +450,7 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, const FusedProbe
             if (warp == kProducerWarp) {
                 if (threadIdx.x % 32 == 0) produce<kStages, kProbe>(p, probe, s1, s2, h.n_tasks, s_tasks);
             } else if (warp == kReleaserWarp) {
-                if (threadIdx.x % 32 == 0) release_slices(r, s_slices_done, h.n_tasks, epoch);
+                if (threadIdx.x % 32 == 0) release_slices(r, s_slices_done, s_tasks, epoch);
             } else {
                 pull_rows(r, ptx::ctaid_x() * kPullWarps + (warp - kProducerWarp - 1), gridDim.x * kPullWarps,
                           s_pull_items);
@@ -441,9 +460,9 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, const FusedProbe
     }
     if (run) {
         ptx::setmaxnreg_inc<kConsumerRegs>();
-        consume<kStages, kRescaled, kProbe>(p, probe, s1, s2, warp / 4, h.n_tasks, s_slices_done, s_tasks);
+        consume<kStages, kRescaled, kProbe>(p, probe, s1, s2, warp / 4, s_slices_done, s_tasks);
     }
-    if (my_fault == kStopMidTasks || my_fault == kStopMidCombine) return;
+    if (my_fault() == kStopMidTasks || my_fault() == kStopMidCombine) return;
     if (tracer) cta_trace(probe.trace)->tasks_done = ptx::globaltimer_ns();
 
     // 4. Combine. Every CTA of the grid is resident (it passed the grid barrier), so the next

@@ -171,8 +171,11 @@ struct PlanHeader {
     u32 n_tasks;
     // 0, or the `FusedError` that made every rank skip the call.
     u32 status;
+    // The stream's first task no CTA has claimed (each producer claims its next task with
+    // an atomic add, so tasks are claimed in stream order).
+    u32 next_task;
 };
-MEGAMOE_PARAMS_LAYOUT(PlanHeader, 16, 4);
+MEGAMOE_PARAMS_LAYOUT(PlanHeader, 20, 4);
 
 // One m-block of the plan (the `blocks` region).
 struct BlockInfo {

@@ -18,15 +18,18 @@
 
 namespace megamoe::layer {
 
-// A task as the consumers run it: its kind, m-block and n-block, and its tile.
+// A task as the consumers run it: its index in the stream, kind, m-block and n-block, and its
+// tile. The producer ends a CTA's tasks with `index` kNoTask.
+constexpr u32 kNoTask = 0xffffffffu;
 struct TaskDesc {
-    u32 kind, block, n;
+    u32 index, kind, block, n;
     gemm::Tile tile;
 };
 
 // Slot j % kSlots holds this CTA's j-th task. `full` completes a phase when the producer wrote
-// the slot, `empty` when every consumer warp read it (one arrival per warp). The waits are
-// bounded by the call's deadline: the producer stops early when a block's counter never comes.
+// the slot, `empty` when every reader took it: each consumer warp and the releaser lane (one
+// arrival each). The waits are bounded by the call's deadline: the producer stops early when a
+// block's counter never comes.
 template <u32 kSlots>
 struct TaskQueue {
     TaskDesc slot[kSlots];
@@ -34,11 +37,11 @@ struct TaskQueue {
     alignas(8) u64 empty[kSlots];
 
     // One thread, before the CTA's first barrier (with ptx::fence_barrier_init).
-    __device__ __forceinline__ void init(u32 consumer_warps) {
+    __device__ __forceinline__ void init(u32 readers) {
 #pragma unroll
         for (u32 s = 0; s < kSlots; ++s) {
             ptx::mbarrier_init(&full[s], 1);
-            ptx::mbarrier_init(&empty[s], consumer_warps);
+            ptx::mbarrier_init(&empty[s], readers);
         }
     }
 
@@ -57,11 +60,22 @@ struct TaskQueue {
         gemm::mbarrier_wait_warp(&full[s], (j / kSlots) & 1, reinterpret_cast<comm::WaitRecord*>(r.wait_record),
                                  r.deadline_ns, kWaitTaskReady, [] {});
         TaskDesc d = slot[s];
+        d.index = ptx::warp_uniform(d.index);
         d.kind = ptx::warp_uniform(d.kind);
         d.block = ptx::warp_uniform(d.block);
         d.n = ptx::warp_uniform(d.n);
         __syncwarp();
         if (threadIdx.x % 32 == 0) ptx::mbarrier_arrive(&empty[s]);
+        return d;
+    }
+
+    // The releaser's lane: task j.
+    __device__ __forceinline__ TaskDesc pop_lane(const FusedRegions& r, u32 j) {
+        const u32 s = j % kSlots;
+        gemm::mbarrier_wait(&full[s], (j / kSlots) & 1, reinterpret_cast<comm::WaitRecord*>(r.wait_record),
+                            r.deadline_ns, kWaitTaskReady);
+        const TaskDesc d = slot[s];
+        ptx::mbarrier_arrive(&empty[s]);
         return d;
     }
 };

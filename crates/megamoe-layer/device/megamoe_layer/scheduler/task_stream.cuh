@@ -6,8 +6,9 @@
 // units behind. Block b lives in ring slot b mod ring_slots.
 //
 // CTA 0 builds the plan into the rank's buffer once every rank's routing is published; the
-// grid barrier that follows makes it visible to every CTA. Every role of a CTA then walks tasks
-// blockIdx.x, blockIdx.x + G, ... of the stream with a TaskCursor.
+// grid barrier that follows makes it visible to every CTA. Each CTA's producer then claims the
+// stream's next task (PlanHeader::next_task), finds it with a TaskCursor and hands it to its
+// consumers and releaser (scheduler/task_queue.cuh): every CTA's tasks are in stream order.
 #pragma once
 #include <megamoe/common.cuh>
 #include <megamoe_layer/comm/flags.cuh>
@@ -142,7 +143,7 @@ __device__ void build_plan(const FusedRegions& r, u32* scratch) {
     PlanHeader* h = plan_header(r);
     const bool overflow = n_blocks > u32(r.max_blocks) || (r.lag_units == 0 && n_blocks > u32(r.ring_slots));
     if (overflow) {
-        if (threadIdx.x == 0) *h = PlanHeader{n_blocks, 0, 0, u32(kRingOverflow)};
+        if (threadIdx.x == 0) *h = PlanHeader{n_blocks, 0, 0, u32(kRingOverflow), 0};
         return;
     }
     BlockInfo* blocks = plan_blocks(r);
@@ -182,7 +183,7 @@ __device__ void build_plan(const FusedRegions& r, u32* scratch) {
         task += tasks_of(s);
         segs[p] = s;
     }
-    if (threadIdx.x == 0) *h = PlanHeader{n_blocks, n_segments, n_tasks, 0};
+    if (threadIdx.x == 0) *h = PlanHeader{n_blocks, n_segments, n_tasks, 0, 0};
 }
 
 // One role's walk over its tasks (each role of a CTA keeps its own).

@@ -10,8 +10,9 @@ clock held down by the 700 W cap): docs/PERF.md compares the two.
 One rank, the EP8-rank proxy (flash with 32 experts, pro with 48; SPEC §9), buffers for 8192
 tokens, FP8 input (the tuple form, so no quantizer runs), routing of uniformly random distinct
 experts. Per cell: the median over calls of the summed duration of the layer's kernels in each
-call (fused: one kernel; split: its dispatch, GEMMs and combine), the two kinds checked bit-equal
-first. Before each call an 8 GB memset flushes the L2 cache, as DeepGEMM's harness does
+call (fused: the fused kernel and the kernel that stages the inputs into its buffer; split: its
+staging, dispatch, GEMMs and combine), then each kernel's median; the two kinds are checked
+bit-equal first. Before each call an 8 GB memset flushes the L2 cache, as DeepGEMM's harness does
 ("--flush-gb 0": none); it also lets the clock recover from the 700 W cap between calls, where
 `megamoe bench layer` runs its calls back to back.
 """
@@ -31,9 +32,9 @@ from megamoe.ep import quantize_fp8
 PRESETS = {"flash": (4096, 2048, 32, 6), "pro": (7168, 3072, 48, 6)}
 
 
-def kernel_time_us(trace_path):
+def kernels_per_call(trace_path):
     """Per call (the host ranges named call_<i>, each closed by a synchronize, so every kernel of
-    the call starts inside it): the summed kernel durations, µs."""
+    the call starts inside it): its kernels' names and durations, µs."""
     with open(trace_path) as f:
         events = json.load(f)["traceEvents"]
     calls = sorted(
@@ -48,8 +49,13 @@ def kernel_time_us(trace_path):
     out = []
     for c in calls:
         lo, hi = c["ts"], c["ts"] + c["dur"]
-        out.append(sum(k["dur"] for k in kernels if lo <= k["ts"] < hi))
+        out.append([(short_name(k["name"]), k["dur"]) for k in kernels if lo <= k["ts"] < hi])
     return out
+
+
+def short_name(kernel):
+    """A kernel's name without its return type, namespace, template arguments and parameters."""
+    return kernel.split("(")[0].split("<")[0].split()[-1].split("::")[-1]
 
 
 def main():
@@ -105,10 +111,19 @@ def main():
             with tempfile.TemporaryDirectory() as d:
                 path = os.path.join(d, "trace.json")
                 prof.export_chrome_trace(path)
-                k_us = kernel_time_us(path)
+                per_call = kernels_per_call(path)
+            k_us = [sum(us for _, us in call) for call in per_call]
             if len(k_us) != args.calls or min(k_us) <= 0:
                 raise SystemExit(f"{tokens} tokens, {kind}: found {len(k_us)} calls in the trace")
             print(f"{tokens:>6} {kind:>6} {statistics.median(k_us):>10.1f}", flush=True)
+            # Each kernel's median beside the sum: the seed's harness times its fused kernel
+            # alone, where megamoe's call also stages the inputs into the symmetric buffer.
+            names = dict.fromkeys(name for call in per_call for name, _ in call)
+            parts = [
+                f"{name} {statistics.median(sum(us for n, us in call if n == name) for call in per_call):.1f}"
+                for name in names
+            ]
+            print(f"{'':>13} of which: {', '.join(parts)}", flush=True)
 
 
 if __name__ == "__main__":

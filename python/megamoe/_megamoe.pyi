@@ -62,6 +62,7 @@ def grouped_gemm(
     out: int,
     device: int,
     stream: int,
+    accumulation: str,
 ) -> None: ...
 def ep_reference(
     hidden: int,

@@ -1,6 +1,8 @@
 """The FP8 block-scaled grouped GEMM (megamoe-gemm) on torch tensors: out = a · bᵀ per expert,
 e4m3 operands, activation scales per G columns of K (G = 128 or 64), weight scales per
-128 x 128 block, f32 accumulation promoted per scale group (SPEC §3 steps 1 and 4).
+128 x 128 block, f32 accumulation promoted per scale group (SPEC §3 steps 1 and 4; the keyword
+``accumulation="rescaled"`` keeps the running sum in the tensor cores' accumulator instead, as
+the layer's option of the same name: docs/PYTHON.md, "Accumulation").
 
 Layouts (what megamoe-gemm's kernel reads; the activation scales are K-group-major):
 - contiguous: ``a`` [M, K] rows grouped by expert, each expert's segment padded with zero rows
@@ -28,17 +30,10 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 
-def _call(
-    a: Tensor,
-    a_scales: Tensor,
-    b: Tensor,
-    b_scales: Tensor,
-    expert_rows: Tensor,
-    out: Tensor,
-    pad: int | None,
-    masked: bool,
-) -> None:
-    """Checks the operands of either layout, then runs the GEMM."""
+def _call(operands: tuple[Tensor, ...], pad: int | None, masked: bool, accumulation: str) -> None:
+    """Checks the operands (a, a_scales, b, b_scales, expert_rows, out) of either layout, then runs
+    the GEMM."""
+    a, a_scales, b, b_scales, expert_rows, out = operands
     th = torch()
     if not isinstance(b, th.Tensor) or b.dim() != 3 or not b.is_cuda:
         raise ValueError("b: expected a float8_e4m3fn CUDA tensor [E, N, K]")
@@ -65,21 +60,45 @@ def _call(
     )
     layout = (None, rows) if masked else (pad, None)  # (pad, max_m)
     _megamoe.grouped_gemm(
-        e, n, k, k // kg, 0 if masked else rows, *layout, out.dtype == th.float32, *ptrs, device, stream(device)
+        e,
+        n,
+        k,
+        k // kg,
+        0 if masked else rows,
+        *layout,
+        out.dtype == th.float32,
+        *ptrs,
+        device,
+        stream(device),
+        accumulation,
     )
 
 
 def grouped_gemm_fp8_contiguous(
-    a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, expert_rows: Tensor, out: Tensor, pad: int = 128
+    a: Tensor,
+    a_scales: Tensor,
+    b: Tensor,
+    b_scales: Tensor,
+    expert_rows: Tensor,
+    out: Tensor,
+    pad: int = 128,
+    accumulation: str = "per-block",
 ) -> None:
     """out = a · bᵀ per expert segment, in the contiguous layout (module docstring); ``pad``
-    (64 or 128) the multiple every segment is padded to."""
-    _call(a, a_scales, b, b_scales, expert_rows, out, pad, masked=False)
+    (64 or 128) the multiple every segment is padded to; ``accumulation`` "per-block" or
+    "rescaled"."""
+    _call((a, a_scales, b, b_scales, expert_rows, out), pad, masked=False, accumulation=accumulation)
 
 
 def grouped_gemm_fp8_masked(
-    a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, expert_rows: Tensor, out: Tensor
+    a: Tensor,
+    a_scales: Tensor,
+    b: Tensor,
+    b_scales: Tensor,
+    expert_rows: Tensor,
+    out: Tensor,
+    accumulation: str = "per-block",
 ) -> None:
     """out = a · bᵀ per expert, the first ``expert_rows[e]`` rows of each, in the masked layout
-    (module docstring)."""
-    _call(a, a_scales, b, b_scales, expert_rows, out, None, masked=True)
+    (module docstring); ``accumulation`` "per-block" or "rescaled"."""
+    _call((a, a_scales, b, b_scales, expert_rows, out), None, masked=True, accumulation=accumulation)

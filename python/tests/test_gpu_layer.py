@@ -245,9 +245,10 @@ def gemm_operands(e, n, k, group, rows, gen):
 
 
 @needs_gpu
+@pytest.mark.parametrize("accumulation", ["per-block", "rescaled"])
 @pytest.mark.parametrize("group", [128, 64])
 @pytest.mark.parametrize("out_dtype", ["bfloat16", "float32"])
-def test_grouped_gemm_contiguous_matches_torch(group, out_dtype):
+def test_grouped_gemm_contiguous_matches_torch(group, out_dtype, accumulation):
     out_dtype = getattr(torch, out_dtype)
     gen = torch.Generator(device="cuda").manual_seed(3)
     e, n, k, pad = 4, 256, 512, 128
@@ -264,7 +265,7 @@ def test_grouped_gemm_contiguous_matches_torch(group, out_dtype):
         start += p
     expert_rows = torch.tensor(padded, dtype=torch.int32, device="cuda")
     out = torch.full((m_total, n), float("nan"), dtype=out_dtype, device="cuda")
-    megamoe.grouped_gemm_fp8_contiguous(a, sa, b, sb, expert_rows, out, pad=pad)
+    megamoe.grouped_gemm_fp8_contiguous(a, sa, b, sb, expert_rows, out, pad=pad, accumulation=accumulation)
     start = 0
     for ex, ((q, s), m, p) in enumerate(zip(acts, rows, padded)):
         want = ref.block_gemm(q, s, b[ex], sb[ex], group)
@@ -272,12 +273,13 @@ def test_grouped_gemm_contiguous_matches_torch(group, out_dtype):
         assert d <= MAX_DIFF, (ex, d)
         assert torch.all(out[start + m : start + p] == 0), "padding rows are written as 0"
         start += p
-    print(f"contiguous G={group} {out_dtype}: diff {d:.2e} (last expert)")
+    print(f"contiguous G={group} {out_dtype} {accumulation}: diff {d:.2e} (last expert)")
 
 
 @needs_gpu
+@pytest.mark.parametrize("accumulation", ["per-block", "rescaled"])
 @pytest.mark.parametrize("group", [128, 64])
-def test_grouped_gemm_masked_matches_torch(group):
+def test_grouped_gemm_masked_matches_torch(group, accumulation):
     gen = torch.Generator(device="cuda").manual_seed(4)
     e, n, k, max_m = 3, 384, 256, 64
     rows = [64, 5, 0]
@@ -289,12 +291,12 @@ def test_grouped_gemm_masked_matches_torch(group):
         sa[ex, :, :m] = s.t()
     expert_rows = torch.tensor(rows, dtype=torch.int32, device="cuda")
     out = torch.full((e, max_m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    megamoe.grouped_gemm_fp8_masked(a, sa, b, sb, expert_rows, out)
+    megamoe.grouped_gemm_fp8_masked(a, sa, b, sb, expert_rows, out, accumulation=accumulation)
     for ex, ((q, s), m) in enumerate(zip(acts, rows)):
         d = ref.diff(out[ex, :m].float(), ref.block_gemm(q, s, b[ex], sb[ex], group))
         assert d <= MAX_DIFF, (ex, d)
         assert torch.all(out[ex, m:].isnan()), "rows past the count are not written"
-    print(f"masked G={group}: diff {d:.2e} (last expert with rows)")
+    print(f"masked G={group} {accumulation}: diff {d:.2e} (last expert with rows)")
 
 
 @needs_gpu
@@ -319,6 +321,8 @@ def test_grouped_gemm_bad_arguments_name_them():
     ]:
         with pytest.raises(ValueError, match=rf"^{arg}\b"):
             gemm(*args)
+    with pytest.raises(ValueError, match=r'^accumulation: "fast" must be'):
+        gemm(a, sa, b, sb, rows, out, accumulation="fast")
 
 
 def test_bad_layer_arguments_are_named_without_a_gpu():

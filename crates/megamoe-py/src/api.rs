@@ -34,6 +34,15 @@ pub(crate) fn count(arg: &str, v: i64) -> Result<usize> {
     usize::try_from(v).map_err(|_| Error::Value(format!("{arg}: {v} must not be negative")))
 }
 
+/// The `accumulation` keyword (the layer's and the grouped GEMM's): "per-block" or "rescaled".
+pub(crate) fn accumulation(name: &str) -> Result<Accumulation> {
+    Accumulation::by_name(name).map_err(|_| {
+        Error::Value(format!(
+            "accumulation: {name:?} must be \"per-block\" or \"rescaled\""
+        ))
+    })
+}
+
 /// A process's `rank` (below `ranks`) and CUDA `device` (not negative) of a world of one process
 /// per rank, checked before any GPU is touched.
 pub(crate) fn process_rank(rank: i64, device: i64, ranks: usize) -> Result<(usize, usize)> {
@@ -74,11 +83,7 @@ impl LayerArgs<'_> {
             // f32 is what the kernels take; a value too large for it becomes inf and is refused.
             clamp: self.clamp.map(|c| c as f32),
             accumulation: match self.accumulation {
-                Some(a) => Accumulation::by_name(a).map_err(|_| {
-                    Error::Value(format!(
-                        "accumulation: {a:?} must be \"per-block\" or \"rescaled\""
-                    ))
-                })?,
+                Some(a) => accumulation(a)?,
                 None => Accumulation::default(),
             },
             ..LayerSpec::new(

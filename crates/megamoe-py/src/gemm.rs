@@ -23,6 +23,8 @@ pub struct GemmShape {
     /// Rows of `a` in the contiguous layout (ignored for masked).
     pub rows: usize,
     pub out: OutDtype,
+    /// How the K loop sums (the `accumulation` keyword).
+    pub accumulation: Accumulation,
 }
 
 /// The Python argument behind a megamoe-gemm argument.
@@ -119,7 +121,7 @@ pub unsafe fn grouped_gemm(
         layout: shape.layout,
         out: shape.out,
         rows_per_expert,
-        accumulation: Accumulation::PerBlock,
+        accumulation: shape.accumulation,
     };
     let config = choose(&problem, gpu.props().sm_count as usize)?;
     if matches!(shape.layout, Layout::Contiguous { .. }) && shape.rows == 0 {
@@ -144,11 +146,12 @@ pub(crate) mod bindings {
 
     /// One grouped GEMM (python/megamoe/gemm.py checks the tensors and calls this): the sizes,
     /// the layout (`pad` for contiguous, `max_m` for masked: exactly one of them), whether the
-    /// output is f32, the six addresses, the CUDA device and its current stream.
+    /// output is f32, the six addresses, the CUDA device and its current stream, and the
+    /// accumulation's name.
     #[pyfunction]
     #[pyo3(signature = (
         experts, n, k, group, rows, pad, max_m, out_f32,
-        a, a_scales, b, b_scales, expert_rows, out, device, stream
+        a, a_scales, b, b_scales, expert_rows, out, device, stream, accumulation
     ))]
     #[allow(clippy::too_many_arguments)]
     fn grouped_gemm(
@@ -169,6 +172,7 @@ pub(crate) mod bindings {
         out: u64,
         device: usize,
         stream: u64,
+        accumulation: &str,
     ) -> PyResult<()> {
         let layout = match (pad, max_m) {
             (Some(pad), None) => Layout::Contiguous { pad },
@@ -192,6 +196,7 @@ pub(crate) mod bindings {
             } else {
                 OutDtype::Bf16
             },
+            accumulation: crate::api::accumulation(accumulation)?,
         };
         let tensors = GemmPointers {
             a,
@@ -226,6 +231,7 @@ mod tests {
             layout,
             rows,
             out: OutDtype::Bf16,
+            accumulation: Accumulation::PerBlock,
         }
     }
 

@@ -270,14 +270,9 @@ fn dump(dir: &Path, spec: &KernelSpec, out: &crate::nvrtc::Output) -> Result<()>
     write("cubin", &out.cubin)?;
     write("log", out.log.as_bytes())?;
     write("ptx", out.ptx.as_deref().unwrap_or("").as_bytes())?;
-    let cuobjdump = sass::cuobjdump();
-    match std::process::Command::new(&cuobjdump).arg("-sass").arg(file("cubin")).output() {
-        Ok(o) if o.status.success() => write("sass", &o.stdout)?,
-        _ => eprintln!(
-            "megamoe jit: no SASS for {} ({} not runnable; install the nvidia-cuda-cuobjdump wheel)",
-            spec.name,
-            cuobjdump.display()
-        ),
+    match sass::sass_of(&file("cubin")) {
+        Ok(text) => write("sass", text.as_bytes())?,
+        Err(reason) => eprintln!("megamoe jit: no SASS for {} ({reason})", spec.name),
     }
     Ok(())
 }

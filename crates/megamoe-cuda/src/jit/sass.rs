@@ -100,7 +100,7 @@ fn instructions(sass: &str) -> Vec<(u64, &str)> {
 /// `cuobjdump`: in `$MEGAMOE_CUDA_HOME/bin`, the project's toolchain (the
 /// `nvidia-cuda-cuobjdump` and `nvidia-cuda-nvdisasm` wheels, scripts/install-cuda-toolchain.sh),
 /// a CUDA toolkit in /usr/local/cuda, then on the PATH.
-pub fn cuobjdump() -> PathBuf {
+fn cuobjdump() -> PathBuf {
     let home = std::env::var_os("MEGAMOE_CUDA_HOME").map(|h| PathBuf::from(h).join("bin"));
     let roots = crate::probe::toolchain_roots()
         .into_iter()
@@ -118,7 +118,7 @@ pub fn disassemble(name: &str, cubin: &[u8]) -> Result<String> {
     let file = std::env::temp_dir().join(format!("megamoe-{}-{name}.cubin", std::process::id()));
     let out = std::fs::write(&file, cubin)
         .map_err(|e| format!("writing {}: {e}", file.display()))
-        .and_then(|()| run_cuobjdump(&file));
+        .and_then(|()| sass_of(&file));
     let _ = std::fs::remove_file(&file);
     out.map_err(|reason| Error::Invalid {
         arg: "cuobjdump",
@@ -126,7 +126,8 @@ pub fn disassemble(name: &str, cubin: &[u8]) -> Result<String> {
     })
 }
 
-fn run_cuobjdump(file: &Path) -> std::result::Result<String, String> {
+/// `cuobjdump -sass` of the cubin at `file` (the text, or why there is none).
+pub(crate) fn sass_of(file: &Path) -> std::result::Result<String, String> {
     let tool = cuobjdump();
     let mut command = std::process::Command::new(&tool);
     // It runs the nvdisasm beside it, which its folder may hold off the PATH.

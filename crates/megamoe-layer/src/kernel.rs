@@ -209,8 +209,13 @@ megamoe_cuda::device_struct! {
         pub tasks_done: u64,
         pub rows_written: u64,
         pub end: u64,
-        /// Tokens its consumer warps combined while they waited for every rank's rows.
+        /// Combine items (tokens, or their column chunks at decode sizes) its consumer warps
+        /// combined while they waited for every rank's rows.
         pub combined_early: u64,
+        /// Its thread 0 between the tasks and the wait: past its system-scope fence, and past
+        /// the consumers' barrier and its rows-written signal.
+        pub fenced: u64,
+        pub raised: u64,
     }
 }
 

@@ -20,14 +20,21 @@ pub struct TraceReport {
     /// Median over CTAs of each phase: routing exchange, plan (to the grid barrier), tasks,
     /// wait for every rank's rows, combine.
     pub phases_us: [f64; 5],
+    /// The critical path: when the last CTA reached the end of each phase, from the first
+    /// CTA's start (the medians above hide the CTAs' spread; the last mark is the span).
+    pub last_us: [f64; 5],
+    /// Between a CTA's tasks and its wait, the largest over CTAs: its fence, its barrier and
+    /// signal, and from its signal to seeing every rank's.
+    pub after_tasks_us: [f64; 3],
     /// Per task kind (L1, L2): tasks, and the mean of the producer's wait on the block counter,
     /// the consumers' gap before the task (from the previous task's end), mainloop and epilogue;
     /// and the median mainloop, which a few long waits for data do not move.
     pub kinds: [KindTrace; 2],
     /// Σ mainloop / Σ (tasks phase) over the consumer warpgroups: how busy the tensor cores' feeders were.
     pub mainloop_share: f64,
-    /// Tokens combined early: by CTAs done with their tasks, while they waited for every rank's
-    /// rows (counted in the wait phase), over all CTAs.
+    /// Combine items (tokens, or their column chunks at decode sizes) combined early: by CTAs
+    /// done with their tasks, while they waited for every rank's rows (counted in the wait
+    /// phase), over all CTAs.
     pub combined_early: u64,
 }
 
@@ -60,8 +67,8 @@ impl FusedLayer {
     }
 }
 
-/// The report of one timeline: `words` = [ctas] CtaTrace (6 times, then the tokens combined
-/// early) then [ctas][per_cta] TaskTrace, as u64 (a TaskTrace's last word holds kind and block;
+/// The report of one timeline: `words` = [ctas] CtaTrace (6 times, the tokens combined early,
+/// 2 more times) then [ctas][per_cta] TaskTrace, as u64 (a TaskTrace's last word holds kind and block;
 /// slots never written are zero).
 fn trace_report(words: &[u64], ctas: usize, per_cta: usize) -> TraceReport {
     const CTA_WORDS: usize = CTA_TRACE_BYTES / 8;
@@ -69,12 +76,21 @@ fn trace_report(words: &[u64], ctas: usize, per_cta: usize) -> TraceReport {
     let us = |a: u64, b: u64| b.saturating_sub(a) as f64 * 1e-3;
     let mut phases = [const { Vec::new() }; 5];
     let mut report = TraceReport::default();
+    let first_start = (0..ctas).map(|c| cta(c)[0]).min().unwrap_or(0);
     for c in 0..ctas {
         let t = cta(c);
         for (p, v) in phases.iter_mut().enumerate() {
             v.push(us(t[p], t[p + 1]));
+            report.last_us[p] = report.last_us[p].max(us(first_start, t[p + 1]));
         }
         report.combined_early += t[6];
+        for (a, (from, to)) in report
+            .after_tasks_us
+            .iter_mut()
+            .zip([(3, 7), (7, 8), (8, 4)])
+        {
+            *a = a.max(us(t[from], t[to]));
+        }
     }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
@@ -130,9 +146,11 @@ mod tests {
         // Two CTAs, two task slots each; CTA 1 ran one task. Times in ns.
         // Each CTA: 6 phase times, then the tokens it combined early.
         let (ctas, per_cta) = (2, 2);
-        let mut w = vec![0u64; ctas * 7 + ctas * per_cta * 10];
-        w[..7].copy_from_slice(&[0, 1_000, 3_000, 103_000, 104_000, 110_000, 0]);
-        w[7..14].copy_from_slice(&[0, 1_000, 3_000, 53_000, 104_000, 110_000, 5]);
+        let mut w = vec![0u64; ctas * 9 + ctas * per_cta * 10];
+        w[..9].copy_from_slice(&[
+            0, 1_000, 3_000, 103_000, 104_000, 110_000, 0, 103_500, 103_600,
+        ]);
+        w[9..18].copy_from_slice(&[0, 1_000, 3_000, 53_000, 104_000, 110_000, 5, 54_000, 54_100]);
         let task = |wait: [u64; 3], wg0: [u64; 3], wg1: [u64; 3], kind: u64| {
             let mut t = vec![wait[0], wait[1], wait[2]];
             t.extend(wg0);
@@ -140,7 +158,7 @@ mod tests {
             t.push(kind | 7 << 32);
             t
         };
-        let base = ctas * 7;
+        let base = ctas * 9;
         // CTA 0: an L1 task (40 µs mainloop, 5 µs epilogue), then an L2 task after a 2 µs gap.
         w[base..base + 10].copy_from_slice(&task(
             [3_000, 4_000, 4_500],
@@ -166,6 +184,8 @@ mod tests {
         assert_eq!(r.phases_us[1], 2.0);
         assert_eq!(r.phases_us[2], 100.0); // median of 100 and 50
         assert_eq!(r.phases_us[3], 51.0); // median of 1 and 51
+        assert_eq!(r.last_us, [1.0, 3.0, 103.0, 104.0, 110.0]);
+        assert_eq!(r.after_tasks_us, [1.0, 0.1, 49.9]);
         assert_eq!(r.combined_early, 5);
         assert_eq!((r.kinds[0].tasks, r.kinds[1].tasks), (2, 1));
         assert_eq!(r.kinds[0].producer_wait_us, 0.5);

@@ -316,7 +316,7 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         writeln!(
             table,
             "fused timeline, rank 0 (us; phases are medians over CTAs, task columns means per task, \
-             ml med the median mainloop of a warpgroup, early the tokens combined while the CTAs waited):"
+             ml med the median mainloop of a warpgroup, early the combine items (tokens or their column chunks) done while the CTAs waited):"
         )?;
         writeln!(
             table,
@@ -354,6 +354,28 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                 b.mainloop_median_us,
                 t.combined_early
             )?;
+        }
+    }
+    if args.trace {
+        writeln!(
+            table,
+            "fused critical path, rank 0 (us from the first CTA's start to the last CTA's end of each phase; \
+             after its tasks, a CTA's longest fence, barrier and signal, and wait for every rank's signal):"
+        )?;
+        writeln!(
+            table,
+            "{:>7} {:>8} {:>8} {:>9} {:>8} {:>8} | {:>7} {:>7} {:>7}",
+            "tokens", "routed", "planned", "tasks", "written", "end", "fence", "signal", "seen"
+        )?;
+        for r in &rows {
+            if let Some(t) = r.fused.as_ref().and_then(|f| f.trace.as_ref()) {
+                let (l, a) = (t.last_us, t.after_tasks_us);
+                writeln!(
+                    table,
+                    "{:>7} {:>8.1} {:>8.1} {:>9.1} {:>8.1} {:>8.1} | {:>7.1} {:>7.1} {:>7.1}",
+                    r.tokens, l[0], l[1], l[2], l[3], l[4], a[0], a[1], a[2]
+                )?;
+            }
         }
     }
     writeln!(table, "each phase of the split layer alone (median us):")?;

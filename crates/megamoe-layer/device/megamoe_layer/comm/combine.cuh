@@ -1,4 +1,5 @@
-// The fused kernel's combine (SPEC §3 step 5), warp per token of this rank: y_t = bf16(Σ f32(row)
+// The fused kernel's combine (SPEC §3 step 5), a warp per item (a token of this rank, or a column
+// chunk of it where the grid's warps outnumber the tokens: CombineItems): y_t = bf16(Σ f32(row)
 // over the token's valid slots in ascending slot k), one rounding; the same arithmetic as
 // megamoe-ep's combine in slot order, so the split and the fused layer agree bit for bit. A
 // token whose slots are all masked gets zeros.
@@ -15,14 +16,16 @@
 
 namespace megamoe::layer {
 
-constexpr int kCombineUnroll = 2;  // 16-byte column vectors per lane per step, per copy
+constexpr int kCombineUnroll = 2;                  // 16-byte column vectors per lane per step, per copy
+constexpr u32 kCombineStep = 32 * kCombineUnroll;  // a warp's column vectors per step
 
 __device__ __forceinline__ const i32* combine_topk_idx(const FusedRegions& r) {
     return reinterpret_cast<const i32*>(reinterpret_cast<const char*>(r.peer_base[r.rank]) + r.off_topk_idx);
 }
 
-// Token t of this rank, by one warp.
-__device__ void combine_token(const FusedRegions& r, u32 t) {
+// Columns [c_begin, c_begin + n) (16-byte vectors; n a multiple of kCombineStep) of token t of
+// this rank, by one warp.
+__device__ void combine_token(const FusedRegions& r, u32 t, u32 c_begin, u32 n) {
     const u32 lane = threadIdx.x % 32, K = r.topk, V = r.hidden / 8;
     const char* me = reinterpret_cast<const char*>(r.peer_base[r.rank]);
     const u64 row_bytes = u64(r.hidden) * 2;
@@ -38,7 +41,8 @@ __device__ void combine_token(const FusedRegions& r, u32 t) {
         m &= m - 1;
     }
     char* y = reinterpret_cast<char*>(r.y) + u64(t) * row_bytes;
-    for (u32 c0 = 0; c0 < V; c0 += 32 * kCombineUnroll) {
+    const u32 c_end = min(V, c_begin + n);
+    for (u32 c0 = c_begin; c0 < c_end; c0 += kCombineStep) {
         uint4 v[kMaxTopk][kCombineUnroll];
 #pragma unroll
         for (int j = 0; j < kMaxTopk; ++j)
@@ -68,25 +72,43 @@ __device__ void combine_token(const FusedRegions& r, u32 t) {
     }
 }
 
-// A warp's tokens: the i-th is t = w + i·W over the W = G·warps consumer warps of the grid.
-struct WarpTokens {
-    u32 first, stride;
-    __device__ __forceinline__ WarpTokens(u32 warp, u32 warps)
-        : first(ptx::ctaid_x() * warps + warp), stride(gridDim.x * warps) {}
+// A warp's items: the i-th is g = w + i·W over the W = G·warps consumer warps of the grid, item g
+// being columns [c·n, (c+1)·n) of token g / C, c = g % C. C = 1 where the tokens are as many as
+// the warps; at decode sizes a token is cut into up to W / T chunks (whole steps each): the
+// tokens of the last expert to finish are then summed by many warps at once, where one warp's
+// pass over a token's rows takes H / 512 round trips of its loads (about 14 at H 7168, over 10 µs
+// on the call's critical path).
+struct CombineItems {
+    u32 first, stride, chunks, chunk_vectors, count;
+    __device__ __forceinline__ CombineItems(const FusedRegions& r, u32 warp, u32 warps)
+        : first(ptx::ctaid_x() * warps + warp), stride(gridDim.x * warps) {
+        const u32 steps = (u32(r.hidden) / 8 + kCombineStep - 1) / kCombineStep;
+        const u32 tokens = u32(r.tokens);
+        const u32 cuts = min(steps, max(1u, stride / max(1u, tokens)));
+        const u32 steps_per_chunk = (steps + cuts - 1) / cuts;
+        chunk_vectors = steps_per_chunk * kCombineStep;
+        chunks = (steps + steps_per_chunk - 1) / steps_per_chunk;
+        count = tokens * chunks;
+    }
+    __device__ __forceinline__ u32 item(u32 i) const { return first + i * stride; }
+    __device__ __forceinline__ u32 token(u32 g) const { return g / chunks; }
+    __device__ __forceinline__ void combine(const FusedRegions& r, u32 g) const {
+        combine_token(r, g / chunks, g % chunks * chunk_vectors, chunk_vectors);
+    }
 };
 
-// The early combine's pass over the warp's first 32 tokens (bit i of `combined`: its i-th token
-// is combined): a token not yet combined whose valid slots' experts have all written their rows
-// in call `epoch` is combined now. 32 / K tokens are checked at once, lane i·K + k reading slot
-// k's flag; the flags of a ready token are acquired (the lanes' fence, then the warp's barrier)
-// before its rows are read. Returns `combined` with the tokens added.
+// The early combine's pass over the warp's first 32 items (bit i of `combined`: its i-th item
+// is combined): an item not yet combined whose token's valid slots' experts have all written
+// their rows in call `epoch` is combined now. 32 / K items are checked at once, lane i·K + k
+// reading slot k's flag; the flags of a ready item are acquired (the lanes' fence, then the
+// warp's barrier) before its rows are read. Returns `combined` with the items added.
 __device__ u32 combine_ready_rows(const FusedRegions& r, u32 warp, u32 warps, u64 epoch, u32 combined) {
     const u32 lane = threadIdx.x % 32, K = r.topk, per_pass = 32 / K;
-    const WarpTokens mine(warp, warps);
+    const CombineItems mine(r, warp, warps);
     const u64* done = expert_done(r, r.rank);
-    for (u32 i0 = 0; i0 < 32 && mine.first + i0 * mine.stride < u32(r.tokens); i0 += per_pass) {
-        const u32 i = i0 + lane / K, t = mine.first + i * mine.stride;
-        const bool pending = lane < per_pass * K && i < 32 && t < u32(r.tokens) && !(combined >> i & 1);
+    for (u32 i0 = 0; i0 < 32 && mine.item(i0) < mine.count; i0 += per_pass) {
+        const u32 i = i0 + lane / K, g = mine.item(i), t = mine.token(g);
+        const bool pending = lane < per_pass * K && i < 32 && g < mine.count && !(combined >> i & 1);
         bool ready = true;
         if (pending) {
             const i32 e = combine_topk_idx(r)[t * K + lane % K];
@@ -104,20 +126,20 @@ __device__ u32 combine_ready_rows(const FusedRegions& r, u32 warp, u32 warps, u6
         __syncwarp();
         for (u32 j = 0; j < per_pass; ++j) {
             if (!(now >> j & 1)) continue;
-            combine_token(r, mine.first + (i0 + j) * mine.stride);
+            mine.combine(r, mine.item(i0 + j));
             combined |= 1u << (i0 + j);
         }
     }
     return combined;
 }
 
-// The combine of the warp's tokens not combined early (bit i of `combined`: its i-th token),
-// once every rank's rows are in place.
+// The combine of the warp's items not combined early (bit i of `combined`: its i-th item), once
+// every rank's rows are in place.
 __device__ void combine_rows(const FusedRegions& r, u32 warp, u32 warps, u32 combined) {
-    const WarpTokens mine(warp, warps);
-    for (u32 i = 0, t = mine.first; t < u32(r.tokens); ++i, t += mine.stride) {
+    const CombineItems mine(r, warp, warps);
+    for (u32 i = 0, g = mine.first; g < mine.count; ++i, g += mine.stride) {
         if (i < 32 && (combined >> i & 1)) continue;
-        combine_token(r, t);
+        mine.combine(r, g);
     }
 }
 

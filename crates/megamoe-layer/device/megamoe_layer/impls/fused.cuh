@@ -16,9 +16,10 @@
 //      ranks, the releaser raises each block counter once a warpgroup's slice of it is
 //      written, and the pull fills ring slots once the slot's previous block is through L2.
 //   4. the consumer warpgroups (the producer warpgroup is done): raise kRowsWritten everywhere;
-//      wait for every rank's, each warp combining meanwhile those of its tokens whose experts
-//      have all written their rows (the expert flags, raised by the releaser); combine the rest
-//      of this rank's tokens in slot order; zero the published counts for the next call.
+//      wait for every rank's, each warp combining meanwhile those of its items (tokens, or their
+//      column chunks at decode sizes) whose experts have all written their rows (the expert
+//      flags, raised by the releaser); combine the rest of this rank's tokens in slot order;
+//      zero the published counts for the next call.
 //
 // The launch is a programmatic dependent one: barrier init and descriptor prefetch overlap the
 // kernel before it on the stream, and nothing in global memory is touched before it completes.
@@ -304,13 +305,16 @@ __device__ __forceinline__ void consumers_sync() {
 
 // ep::comm::raise_on_all for kRowsWritten, over the consumer threads only: every L2 row this
 // CTA wrote is visible system-wide before each rank's counter grows (by kUnit per launch).
-__device__ __forceinline__ void raise_rows_written(const ep::comm::Signals& sig) {
+// `trace`: the timeline's CTA record (thread 0 of a traced call), else null.
+__device__ __forceinline__ void raise_rows_written(const ep::comm::Signals& sig, CtaTrace* trace) {
     __threadfence_system();
+    if (trace != nullptr) trace->fenced = ptx::globaltimer_ns();
     consumers_sync();
     if (threadIdx.x < sig.ranks) {
         const u64 add = ptx::ctaid_x() == 0 ? ep::comm::kUnit - (gridDim.x - 1) : 1;
         ptx::red_release_sys_add(ep::comm::signal(sig, threadIdx.x, kRowsWritten, sig.rank), add);
     }
+    if (trace != nullptr) trace->raised = ptx::globaltimer_ns();
 }
 
 // ep::comm::wait_all for kRowsWritten, by each consumer warp on its own, with the early
@@ -468,7 +472,7 @@ __device__ __forceinline__ void fused_moe(const FusedParams& p, const FusedProbe
     // 4. Combine. Every CTA of the grid is resident (it passed the grid barrier), so the next
     // kernel on the stream may be scheduled onto the SMs this grid frees as it exits.
     if (threadIdx.x == 0) ptx::launch_dependents();
-    raise_rows_written(sig);
+    raise_rows_written(sig, tracer ? cta_trace(probe.trace) : nullptr);
     // s_run read again: a register would be held across the consumers' whole task loop.
     u32 combined = 0;
     if (!wait_rows_written(r, sig, epoch, warp, s_run, combined)) return;

@@ -230,10 +230,15 @@ struct CtaTrace {
     u64 tasks_done;
     u64 rows_written;
     u64 end;
-    // Tokens its consumer warps combined while they waited for every rank's rows.
+    // Combine items (tokens, or their column chunks at decode sizes) its consumer warps
+    // combined while they waited for every rank's rows.
     u64 combined_early;
+    // Its thread 0 between the tasks and the wait: past its system-scope fence, and past
+    // the consumers' barrier and its rows-written signal.
+    u64 fenced;
+    u64 raised;
 };
-MEGAMOE_PARAMS_LAYOUT(CtaTrace, 56, 8);
+MEGAMOE_PARAMS_LAYOUT(CtaTrace, 72, 8);
 
 // One task's part of the timeline (globaltimer ns).
 struct TaskTrace {

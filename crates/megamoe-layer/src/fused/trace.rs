@@ -23,8 +23,9 @@ pub struct TraceReport {
     /// The critical path: when the last CTA reached the end of each phase, from the first
     /// CTA's start (the medians above hide the CTAs' spread; the last mark is the span).
     pub last_us: [f64; 5],
-    /// Between a CTA's tasks and its wait, the largest over CTAs: its fence, its barrier and
-    /// signal, and from its signal to seeing every rank's.
+    /// The CTA that signalled last, from its tasks to the end of its wait: its fence, its
+    /// barrier and signal, and from its signal to seeing every rank's (where the call's critical
+    /// path runs once the last task is done).
     pub after_tasks_us: [f64; 3],
     /// Per task kind (L1, L2): tasks, and the mean of the producer's wait on the block counter,
     /// the consumers' gap before the task (from the previous task's end), mainloop and epilogue;
@@ -84,13 +85,10 @@ fn trace_report(words: &[u64], ctas: usize, per_cta: usize) -> TraceReport {
             report.last_us[p] = report.last_us[p].max(us(first_start, t[p + 1]));
         }
         report.combined_early += t[6];
-        for (a, (from, to)) in report
-            .after_tasks_us
-            .iter_mut()
-            .zip([(3, 7), (7, 8), (8, 4)])
-        {
-            *a = a.max(us(t[from], t[to]));
-        }
+    }
+    if let Some(last) = (0..ctas).max_by_key(|&c| cta(c)[8]) {
+        let t = cta(last);
+        report.after_tasks_us = [us(t[3], t[7]), us(t[7], t[8]), us(t[8], t[4])];
     }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
@@ -185,7 +183,11 @@ mod tests {
         assert_eq!(r.phases_us[2], 100.0); // median of 100 and 50
         assert_eq!(r.phases_us[3], 51.0); // median of 1 and 51
         assert_eq!(r.last_us, [1.0, 3.0, 103.0, 104.0, 110.0]);
-        assert_eq!(r.after_tasks_us, [1.0, 0.1, 49.9]);
+        // CTA 0 signalled last (103.6 µs): its fence 0.5, barrier and signal 0.1, wait 0.4.
+        let a = r.after_tasks_us;
+        assert!(
+            (a[0] - 0.5).abs() < 1e-9 && (a[1] - 0.1).abs() < 1e-9 && (a[2] - 0.4).abs() < 1e-9
+        );
         assert_eq!(r.combined_early, 5);
         assert_eq!((r.kinds[0].tasks, r.kinds[1].tasks), (2, 1));
         assert_eq!(r.kinds[0].producer_wait_us, 0.5);

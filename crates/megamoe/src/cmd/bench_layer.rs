@@ -360,7 +360,7 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         writeln!(
             table,
             "fused critical path, rank 0 (us from the first CTA's start to the last CTA's end of each phase; \
-             after its tasks, a CTA's longest fence, barrier and signal, and wait for every rank's signal):"
+             the CTA that signalled last: its fence, barrier and signal, and wait for every rank's signal):"
         )?;
         writeln!(
             table,

@@ -68,11 +68,25 @@ impl FusedLayer {
     }
 }
 
-/// The report of one timeline: `words` = [ctas] CtaTrace (6 times, the tokens combined early,
-/// 2 more times) then [ctas][per_cta] TaskTrace, as u64 (a TaskTrace's last word holds kind and block;
-/// slots never written are zero).
+/// The report of one timeline: `words` = [ctas] CtaTrace then [ctas][per_cta] TaskTrace, as
+/// u64 (a CtaTrace's first six words are its phases' ends in order; a TaskTrace's last word
+/// holds kind and block; slots never written are zero).
 fn trace_report(words: &[u64], ctas: usize, per_cta: usize) -> TraceReport {
     const CTA_WORDS: usize = CTA_TRACE_BYTES / 8;
+    // A CtaTrace field's word.
+    macro_rules! word {
+        ($field:ident) => {
+            std::mem::offset_of!(CtaTrace, $field) / 8
+        };
+    }
+    const {
+        assert!(
+            word!(start) == 0 && word!(end) == 5,
+            "the phases' ends lead the record"
+        )
+    };
+    let (tasks_done, rows_written) = (word!(tasks_done), word!(rows_written));
+    let (fenced, raised) = (word!(fenced), word!(raised));
     let cta = |c: usize| &words[c * CTA_WORDS..(c + 1) * CTA_WORDS];
     let us = |a: u64, b: u64| b.saturating_sub(a) as f64 * 1e-3;
     let mut phases = [const { Vec::new() }; 5];
@@ -84,11 +98,15 @@ fn trace_report(words: &[u64], ctas: usize, per_cta: usize) -> TraceReport {
             v.push(us(t[p], t[p + 1]));
             report.last_us[p] = report.last_us[p].max(us(first_start, t[p + 1]));
         }
-        report.combined_early += t[6];
+        report.combined_early += t[word!(combined_early)];
     }
-    if let Some(last) = (0..ctas).max_by_key(|&c| cta(c)[8]) {
+    if let Some(last) = (0..ctas).max_by_key(|&c| cta(c)[raised]) {
         let t = cta(last);
-        report.after_tasks_us = [us(t[3], t[7]), us(t[7], t[8]), us(t[8], t[4])];
+        report.after_tasks_us = [
+            us(t[tasks_done], t[fenced]),
+            us(t[fenced], t[raised]),
+            us(t[raised], t[rows_written]),
+        ];
     }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
@@ -142,7 +160,7 @@ mod tests {
     #[test]
     fn a_timeline_reads_as_phases_and_per_kind_means() {
         // Two CTAs, two task slots each; CTA 1 ran one task. Times in ns.
-        // Each CTA: 6 phase times, then the tokens it combined early.
+        // Each CTA: 6 phase times, the items it combined early, then fenced and raised.
         let (ctas, per_cta) = (2, 2);
         let mut w = vec![0u64; ctas * 9 + ctas * per_cta * 10];
         w[..9].copy_from_slice(&[

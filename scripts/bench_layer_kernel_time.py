@@ -10,9 +10,9 @@ clock held down by the 700 W cap): docs/PERF.md compares the two.
 One rank, the EP8-rank proxy (flash with 32 experts, pro with 48; SPEC §9), buffers for 8192
 tokens, FP8 input (the tuple form, so no quantizer runs), routing of uniformly random distinct
 experts. Per cell: the median over calls of the summed duration of the layer's kernels in each
-call (fused: the fused kernel and the kernel that stages the inputs into its buffer; split: its
-staging, dispatch, GEMMs and combine), then each kernel's median; the two kinds are checked
-bit-equal first. Before each call an 8 GB memset flushes the L2 cache, as DeepGEMM's harness does
+call (fused: its one kernel; split: dispatch, the two GEMMs and combine; a forward without `y`
+copies the inputs into the buffer, which runs no kernel), then each kernel's median; the two
+kinds are checked bit-equal first. Before each call an 8 GB memset flushes the L2 cache, as DeepGEMM's harness does
 ("--flush-gb 0": none); it also lets the clock recover from the 700 W cap between calls, where
 `megamoe bench layer` runs its calls back to back.
 """
@@ -116,8 +116,8 @@ def main():
             if len(k_us) != args.calls or min(k_us) <= 0:
                 raise SystemExit(f"{tokens} tokens, {kind}: found {len(k_us)} calls in the trace")
             print(f"{tokens:>6} {kind:>6} {statistics.median(k_us):>10.1f}", flush=True)
-            # Each kernel's median beside the sum: the seed's harness times its fused kernel
-            # alone, where megamoe's call also stages the inputs into the symmetric buffer.
+            # Each kernel's median beside the sum: where a call runs several kernels (split),
+            # which of them the time is in.
             names = dict.fromkeys(name for call in per_call for name, _ in call)
             parts = [
                 f"{name} {statistics.median(sum(us for n, us in call if n == name) for call in per_call):.1f}"

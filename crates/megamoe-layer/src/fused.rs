@@ -508,10 +508,13 @@ impl FusedLayer {
         }
         for (i, rank) in self.ranks.iter().enumerate().filter(|(i, _)| ranks[*i]) {
             let mut p = rank.params;
-            p.r.tokens = staged.tokens[i] as i32;
-            p.r.bound = staged.bounds[i].min(i32::MAX as usize) as i32;
-            p.r.lag_units = staged.lag_units as i32;
-            p.r.ring_slots = staged.ring_slots as i32;
+            p.r.set_call(
+                &self.spec.shape,
+                staged.tokens[i],
+                staged.bounds[i],
+                staged.lag_units,
+                staged.ring_slots,
+            );
             self.launch_kernel(&rank.gpu, rank, p)?;
         }
         Ok(())
@@ -589,10 +592,7 @@ impl FusedLayer {
             };
             self.stage_device(gpu, r, rank, t)?;
             let mut p = rank.params;
-            p.r.tokens = t.x.tokens() as i32;
-            p.r.bound = bound as i32;
-            p.r.lag_units = lag_units as i32;
-            p.r.ring_slots = ring_slots as i32;
+            p.r.set_call(&self.spec.shape, t.x.tokens(), bound, lag_units, ring_slots);
             p.r.y = t.y;
             p.r.recv_stats = t.recv_stats.unwrap_or(0);
             self.launch_kernel(gpu, rank, p)?;

@@ -10,8 +10,9 @@ use megamoe_core::plan::layout::{
     fused_max_blocks, fused_max_segments, FusedOffsets, EXPERT_L2_BYTES, PLAN_ENTRY_BYTES,
     PLAN_HEADER_BYTES,
 };
-use megamoe_core::plan::rules::{GROUP_UNITS, PULL_AHEAD_BLOCKS, SLOT_ROWS, UNIT_BLOCKS};
+use megamoe_core::plan::rules::{self, GROUP_UNITS, PULL_AHEAD_BLOCKS, SLOT_ROWS, UNIT_BLOCKS};
 use megamoe_core::plan::{SymmetricLayout, TaskKind};
+use megamoe_core::preset::Shape;
 use megamoe_cuda::interface::{DeviceStruct, GeneratedHeader, Item};
 use megamoe_cuda::jit::Headers;
 use megamoe_cuda::{KernelSpec, WaitNames};
@@ -120,8 +121,8 @@ megamoe_cuda::device_struct! {
         /// This rank's `megamoe::comm::WaitRecord`.
         pub wait_record: u64,
         pub deadline_ns: u64,
-        /// megamoe-core's `PULL_AHEAD_BLOCKS`: the pull of block b waits until the first L1
-        /// task of block b - pull_ahead is handed out.
+        /// The call's megamoe-core `rules::pull_ahead`: the pull of block b waits until the
+        /// first L1 task of block b - pull_ahead is handed out (`u64::MAX`: it never waits).
         pub pull_ahead: u64,
         /// i32 `[E_l]`: the rows each local expert receives in the call are added to it; 0: none.
         pub recv_stats: u64,
@@ -468,6 +469,12 @@ fn fused_constants() -> Vec<Item> {
             "u32",
             GROUP_UNITS,
         ),
+        Item::constant(
+            " Blocks the pull runs ahead of the L1 frontier where a block reuses a slot.",
+            "kPullAheadBlocks",
+            "u32",
+            PULL_AHEAD_BLOCKS,
+        ),
     ]
 }
 
@@ -541,7 +548,7 @@ impl SwigluQuant {
 impl FusedRegions {
     /// The regions of a fused layer of `spec` over `layout`, whose buffer's base on each rank
     /// is `peer_base`; the rank's own fields (rank, output, wait record, deadline) and the
-    /// call's (tokens, bound, order) are left 0.
+    /// call's ([`FusedRegions::set_call`]) are left 0.
     pub fn new(
         spec: &LayerSpec,
         layout: &SymmetricLayout,
@@ -573,7 +580,6 @@ impl FusedRegions {
             off_expert_done: off.expert_done,
             off_grid_barrier: off.grid_barrier,
             off_combine: off.combine,
-            pull_ahead: PULL_AHEAD_BLOCKS as u64,
             ranks: ranks as i32,
             hidden: shape.hidden as i32,
             inter: shape.inter as i32,
@@ -587,6 +593,24 @@ impl FusedRegions {
             max_segments: fused_max_segments(shape, ranks, t_cap) as i32,
             ..FusedRegions::default()
         }
+    }
+
+    /// The call's fields: this rank's `tokens` and `bound`, the order (`lag_units`, 0 for a
+    /// single wave, and `ring_slots`) and how far the pull runs ahead (megamoe-core's
+    /// `rules::pull_ahead`, from this rank's tokens).
+    pub fn set_call(
+        &mut self,
+        shape: &Shape,
+        tokens: usize,
+        bound: usize,
+        lag_units: usize,
+        ring_slots: usize,
+    ) {
+        self.tokens = tokens as i32;
+        self.bound = bound.min(i32::MAX as usize) as i32;
+        self.lag_units = lag_units as i32;
+        self.ring_slots = ring_slots as i32;
+        self.pull_ahead = rules::pull_ahead(shape, self.ranks as usize, tokens) as u64;
     }
 }
 

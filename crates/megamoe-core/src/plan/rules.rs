@@ -110,6 +110,24 @@ pub fn ring_slots(lag_units: usize) -> usize {
     UNIT_BLOCKS * (lag_units + GROUP_UNITS) + PULL_AHEAD_BLOCKS
 }
 
+/// Blocks the token pull runs ahead of the L1 frontier in a call of `tokens` on this rank:
+/// [`PULL_AHEAD_BLOCKS`], or every block at once (`usize::MAX`) at decode sizes, where a local
+/// expert expects at most half a slot of rows (T·K ≤ E_l·64 under uniform routing). There the
+/// grid's first wave of L1 tasks spans more blocks than the paced pull has reached, so tasks
+/// waited for their rows, and the rows are a few MB against hundreds of MB of weights
+/// (docs/PERF.md, v14). The kernel keeps [`PULL_AHEAD_BLOCKS`] in a call where a block reuses a
+/// slot: that block's pull must wait behind the slot's previous block ([`Stream::verify`]).
+///
+/// [`Stream::verify`]: super::stream::Stream::verify
+pub fn pull_ahead(shape: &Shape, ranks: usize, tokens: usize) -> usize {
+    let expected_rows = tokens * slots_per_token(shape, ranks);
+    if expected_rows <= shape.local_experts(ranks) * SLOT_ROWS / 2 {
+        usize::MAX
+    } else {
+        PULL_AHEAD_BLOCKS
+    }
+}
+
 /// How a buffer's L1 output pool is sized: the full pool, or a ring for a lag.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct RingSizing {
@@ -310,6 +328,20 @@ mod tests {
         // The seed's 4096/2048/288/top-8 shape at 2048: 20992 of 135680.
         let r = RingSizing::new(&shape("glm"), 8, 2048);
         assert_eq!((r.ring_rows, r.pool_rows), (20992, 135680));
+    }
+
+    #[test]
+    fn the_pull_takes_every_block_at_once_at_decode_sizes() {
+        // EP8: flash's 32 local experts expect 256·6/32 = 48 rows at 256 tokens (at most
+        // 64, half a slot) and 96 at 512; pro's 48 expect 32 at 256 and 64 at 512.
+        let (flash, pro) = (shape("flash"), shape("pro"));
+        assert_eq!(pull_ahead(&flash, 8, 64), usize::MAX);
+        assert_eq!(pull_ahead(&flash, 8, 256), usize::MAX);
+        assert_eq!(pull_ahead(&flash, 8, 512), PULL_AHEAD_BLOCKS);
+        assert_eq!(pull_ahead(&pro, 8, 512), usize::MAX);
+        assert_eq!(pull_ahead(&pro, 8, 1024), PULL_AHEAD_BLOCKS);
+        // One rank holding all of flash's 256 experts: 6 slots of 1024 tokens are 24 rows each.
+        assert_eq!(pull_ahead(&flash, 1, 1024), usize::MAX);
     }
 
     #[test]

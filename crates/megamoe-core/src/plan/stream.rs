@@ -119,7 +119,10 @@ pub struct StreamParams {
     /// Ring capacity in blocks; block b uses slot b mod ring_slots.
     pub ring_slots: usize,
     /// Blocks the pull runs ahead of the L1 frontier ([`PULL_AHEAD_BLOCKS`]; unbounded for the
-    /// split kernel, whose dispatch is its own launch).
+    /// split kernel, whose dispatch is its own launch). The fused kernel pulls every block at
+    /// once at decode sizes ([`rules::pull_ahead`](super::rules::pull_ahead)) only where no
+    /// block reuses a slot: then no pull waits for a slot, and the stream checked here at
+    /// [`PULL_AHEAD_BLOCKS`] has the same waits.
     pub pull_ahead: usize,
     /// The split kernel: no L2 task starts before every L1 task of the rank is done.
     pub kernel_boundary: bool,
@@ -141,7 +144,8 @@ impl StreamParams {
             n_blocks_l2: n_l2,
             ring_slots,
             // In either order: a single wave that pulled every block at once measured slower
-            // (docs/PERF.md, fused v3), the burst of rows competing with the L1 tiles.
+            // (docs/PERF.md, fused v3), the burst of rows competing with the L1 tiles; decode
+            // sizes are the exception (rules::pull_ahead).
             pull_ahead: PULL_AHEAD_BLOCKS,
             kernel_boundary: false,
         }

@@ -2,8 +2,10 @@
 // the call's m-blocks from their source ranks into the blocks' ring slots, in block order, so
 // the pull runs ahead of the L1 tasks that wait for it, by pull_ahead blocks: the rows of block
 // b are pulled once the first L1 task of block b − pull_ahead is handed out (megamoe-core's
-// stream rule), not all at once, which left the L1 tiles competing with a burst of rows. Worker w of W = 2·G takes rows w, w + W,
-// ... of the sequence (block, row); a block's rows are thus pulled by up to 128 warps at once.
+// stream rule), not all at once, which left the L1 tiles competing with a burst of rows; at
+// decode sizes, where the rows are a few MB, all at once (the host's pull_ahead). Worker w of
+// W = 2·G takes rows w, w + W, ... of the sequence (block, row); a block's rows are thus pulled
+// by up to 128 warps at once.
 // Before it writes a slot, a worker waits until every L2 task of the slot's previous block is
 // done (the ring; the stream makes that wait depend on earlier tasks only). A pulled row brings
 // its e4m3 data, its scales (group-major, as the L1 TMA loads them), its routing weight and the
@@ -17,6 +19,13 @@
 namespace megamoe::layer {
 
 constexpr int kPullUnroll = 4;  // 16-byte vectors in flight per lane
+
+// The blocks the pull of this call runs ahead of the L1 frontier: the host's (megamoe-core's
+// rules::pull_ahead, every block at decode sizes), except where a block reuses a slot: its pull
+// waits behind the slot's previous block, kPullAheadBlocks behind the frontier (Stream::verify).
+__device__ __forceinline__ u64 pull_ahead(const FusedRegions& r, u32 items) {
+    return items / kBlockM > u32(r.ring_slots) ? u64(kPullAheadBlocks) : r.pull_ahead;
+}
 
 // `items`: the call's m-blocks times 128, in shared memory (read at every row rather than held:
 // this warpgroup runs on 40 registers).
@@ -33,7 +42,8 @@ __device__ void pull_rows(const FusedRegions& r, u32 worker, u32 workers, const 
         const BlockInfo blk = blocks[b];
         if (rr >= blk.rows) continue;
         bool ok = true;
-        if (lane == 0 && b >= r.pull_ahead) ok = wait_flag(r, &flags[b - r.pull_ahead].l1_started, 1, kWaitPullTurn, b);
+        if (lane == 0 && b >= pull_ahead(r, items))
+            ok = wait_flag(r, &flags[b - pull_ahead(r, items)].l1_started, 1, kWaitPullTurn, b);
         if (lane == 0 && ok && b >= u32(r.ring_slots))
             ok = wait_flag(r, &flags[b - r.ring_slots].l2_done, 2 * r.n2, kWaitSlotFree, b);
         if (!__shfl_sync(0xffffffffu, ok, 0)) return;

@@ -27,6 +27,9 @@ constexpr u32 kUnitBlocks = 8;
 // Units of a group of the task stream.
 constexpr u32 kGroupUnits = 4;
 
+// Blocks the pull runs ahead of the L1 frontier where a block reuses a slot.
+constexpr u32 kPullAheadBlocks = 4;
+
 // Faults the probe instantiation injects on one rank (the selftest's fault checks).
 enum FusedFault : u32 {
     kNoFault = 0,
@@ -99,8 +102,8 @@ struct FusedRegions {
     // This rank's `megamoe::comm::WaitRecord`.
     u64 wait_record;
     u64 deadline_ns;
-    // megamoe-core's `PULL_AHEAD_BLOCKS`: the pull of block b waits until the first L1
-    // task of block b - pull_ahead is handed out.
+    // The call's megamoe-core `rules::pull_ahead`: the pull of block b waits until the
+    // first L1 task of block b - pull_ahead is handed out (`u64::MAX`: it never waits).
     u64 pull_ahead;
     // i32 `[E_l]`: the rows each local expert receives in the call are added to it; 0: none.
     u64 recv_stats;

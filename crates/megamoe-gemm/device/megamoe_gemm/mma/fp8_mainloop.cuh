@@ -165,6 +165,23 @@ __device__ __forceinline__ void tile_k_loop(const MainloopParams& p,
     }
 }
 
+// A warpgroup's turn at each stage of a tile whose slice it does not compute (its 64 rows all
+// padding: the MoE layer's fused kernel at decode sizes): it waits for each stage to fill and
+// releases it at once, so the ring turns as it does when both warpgroups compute, and the other
+// warpgroup's wgmmas have the tensor cores to themselves.
+template <int kClusterM, int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, int kSaCols>
+__device__ __forceinline__ void tile_k_turns(const MainloopParams& p,
+                                             const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize, kSaCols>& smem,
+                                             RingCursor<kStages>& ring) {
+    auto* error = reinterpret_cast<comm::WaitRecord*>(p.error);
+    const u32 k_blocks = p.k / SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize, kSaCols>::kBlockK;
+    for (u32 kb = 0; kb < k_blocks; ++kb) {
+        mbarrier_wait(smem.full(ring.stage), ring.phase, error, p.timeout_ns, kWaitFull);
+        if (threadIdx.x % 32 == 0) release_stage<kClusterM>(smem.empty(ring.stage));
+        ring.advance();
+    }
+}
+
 // The rescaled K loop (the opt-in accumulation, megamoe_core::Accumulation::Rescaled): the
 // slice of tile_k_loop with the running sum kept in the wgmma accumulators, `sum` itself, and no
 // second register set. A wave's accumulators hold the sum in units of the current scale group's

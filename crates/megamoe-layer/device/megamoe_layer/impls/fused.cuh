@@ -262,7 +262,14 @@ __device__ void consume(const FusedParams& p, const FusedProbe& probe, const L1S
         // The kind once more through lane 0: uniform as it is (the queue's pop), the compiler
         // loses track of it across the loop and the ring leaves the uniform registers (the K
         // loop 248 instructions with 32 R2UR instead of 217 with none, measured slower).
-        if (ptx::warp_uniform(kind) == kL1) {
+        // A warpgroup whose 64 rows are all padding (warpgroup 1 in most tasks at decode sizes,
+        // and in a segment's last block at prefill) only takes its turn at the stages: its slice
+        // is never stored (below), and the other warpgroup's wgmmas run alone. Either GEMM's view
+        // of the ring places the barriers alike, so s1 serves both.
+        const u32 kind_u = ptx::warp_uniform(kind);
+        if (ptx::warp_uniform(u32(t.rows_valid <= a_off)) != 0) {
+            gemm::tile_k_turns<1>(kind_u == kL1 ? p.l1 : p.l2, s1, ring);
+        } else if (kind_u == kL1) {
             gemm::slice_k_loop<kRescaled, 128, 2, 1, 0>(p.l1, s1, ring, t, wg, a_off, 0, sum);
         } else {
             gemm::slice_k_loop<kRescaled, 128, 2, 1, 0>(p.l2, s2, ring, t, wg, a_off, 0, sum);

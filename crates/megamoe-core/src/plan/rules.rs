@@ -115,8 +115,9 @@ pub fn ring_slots(lag_units: usize) -> usize {
 /// expert expects at most half a slot of rows (T·K ≤ E_l·64 under uniform routing). There the
 /// grid's first wave of L1 tasks spans more blocks than the paced pull has reached, so tasks
 /// waited for their rows, and the rows are a few MB against hundreds of MB of weights
-/// (docs/PERF.md, v14). The kernel keeps [`PULL_AHEAD_BLOCKS`] in a call where a block reuses a
-/// slot: that block's pull must wait behind the slot's previous block ([`Stream::verify`]).
+/// (docs/perf/HISTORY.md, v14). The kernel keeps [`PULL_AHEAD_BLOCKS`] in a call where a block
+/// reuses a slot: that block's pull must wait behind the slot's previous block
+/// ([`Stream::verify`]).
 ///
 /// [`Stream::verify`]: super::stream::Stream::verify
 pub fn pull_ahead(shape: &Shape, ranks: usize, tokens: usize) -> usize {

@@ -173,8 +173,9 @@ template <int kClusterM, int BLOCK_M, int BLOCK_N, int kStages, int kGroupSize, 
 __device__ __forceinline__ void tile_k_turns(const MainloopParams& p,
                                              const SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize, kSaCols>& smem,
                                              RingCursor<kStages>& ring) {
+    using Layout = SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize, kSaCols>;
     auto* error = reinterpret_cast<comm::WaitRecord*>(p.error);
-    const u32 k_blocks = p.k / SmemLayout<BLOCK_M, BLOCK_N, kStages, kGroupSize, kSaCols>::kBlockK;
+    const u32 k_blocks = p.k / Layout::kBlockK;
     for (u32 kb = 0; kb < k_blocks; ++kb) {
         mbarrier_wait(smem.full(ring.stage), ring.phase, error, p.timeout_ns, kWaitFull);
         if (threadIdx.x % 32 == 0) release_stage<kClusterM>(smem.empty(ring.stage));
